@@ -1,0 +1,1 @@
+"""The ``slurmbox`` command (click)."""

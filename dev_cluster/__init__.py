@@ -1,0 +1,1 @@
+"""``slurmbox dev-cluster``: a real multi-node Slurm cluster on one machine."""

@@ -1,0 +1,166 @@
+"""Build the OCI runtime bundle (config.json) of a step's sandbox.
+
+Format: OCI runtime-spec 1.0 (github.com/opencontainers/runtime-spec,
+config.md and config-linux.md). The sandbox root is the requested image
+directory, or the host root read-only with private areas masked by empty
+tmpfs mounts so host paths that were not mounted are not visible.
+"""
+
+import os
+import pwd
+import resource
+import stat
+
+#: Host directories hidden (empty tmpfs) when the host root is the image.
+MASKED_HOST_DIRS = ("/root", "/home", "/tmp", "/var/tmp", "/run", "/var/run", "/var/spool", "/var/lib",
+                    "/var/log", "/var/mail", "/etc/munge", "/etc/slurm", "/srv", "/mnt", "/media", "/opt",
+                    "/work", "/boot", "/lost+found")
+_RLIMITS = (("RLIMIT_NOFILE", resource.RLIMIT_NOFILE), ("RLIMIT_NPROC", resource.RLIMIT_NPROC),
+            ("RLIMIT_STACK", resource.RLIMIT_STACK), ("RLIMIT_CORE", resource.RLIMIT_CORE),
+            ("RLIMIT_MEMLOCK", resource.RLIMIT_MEMLOCK), ("RLIMIT_AS", resource.RLIMIT_AS))
+#: Variables of the launcher/shim that must not reach the sandboxed program.
+INTERNAL_VARIABLES = ("SLURMBOX_SUPERVISOR_SOCKET", "SLURMBOX_TASK_ARGV0")
+
+
+class CommandNotFound(LookupError):
+    """argv[0] does not resolve to an executable inside the sandbox root."""
+
+
+def _inside(root, path):
+    return os.path.join(root, path.lstrip("/")) if root != "/" else path
+
+
+def resolve_command(argv0, env_path, root, cwd):
+    """Resolve ``argv0`` against ``env_path`` (PATH) inside sandbox ``root``.
+
+    Returns the absolute in-sandbox path. Names containing ``/`` are taken
+    relative to ``cwd``. Raises CommandNotFound. Symlinks inside an image are
+    judged by the host's view of the image directory, which is read-only.
+    """
+    candidates = [argv0 if argv0.startswith("/") else os.path.join(cwd, argv0)] if "/" in argv0 else \
+        [os.path.join(d or ".", argv0) for d in (env_path or "/usr/bin:/bin").split(":")]
+    for candidate in candidates:
+        host = _inside(root, candidate)
+        try:
+            info = os.stat(host)
+        except OSError:
+            continue
+        if stat.S_ISREG(info.st_mode) and info.st_mode & 0o111:
+            return os.path.normpath(candidate)
+    raise CommandNotFound(argv0)
+
+
+def user_identity(uid, gid):
+    """``(uid, gid, supplementary gids)`` of the job user from the node's user database."""
+    try:
+        name = pwd.getpwuid(uid).pw_name
+        groups = sorted(set(os.getgrouplist(name, gid)) - {gid})
+    except KeyError:
+        groups = []
+    return uid, gid, groups
+
+
+def current_rlimits():
+    """The task's rlimits as OCI ``process.rlimits`` (values of the calling process)."""
+    limits = []
+    for name, which in _RLIMITS:
+        soft, hard = resource.getrlimit(which)
+        maximum = 2 ** 64 - 1
+        limits.append({"type": name, "soft": maximum if soft < 0 else soft, "hard": maximum if hard < 0 else hard})
+    return limits
+
+
+def process_spec(argv, env, cwd, uid, gid, groups, tty, rlimits):
+    """OCI ``process`` object. ``env``: dict; returns a dict."""
+    return {
+        "terminal": bool(tty),
+        "user": {"uid": uid, "gid": gid, "additionalGids": list(groups)},
+        "args": list(argv),
+        "env": ["%s=%s" % kv for kv in sorted(env.items()) if kv[0] not in INTERNAL_VARIABLES],
+        "cwd": cwd,
+        "rlimits": rlimits,
+        "capabilities": {k: [] for k in ("bounding", "effective", "inheritable", "permitted", "ambient")},
+        "noNewPrivileges": True,
+    }
+
+
+def build_spec(process, request, hostname, bind_dirs, devices):
+    """The OCI config.json dict for a step sandbox.
+
+    ``process``: from process_spec; ``request``: options.SandboxRequest;
+    ``bind_dirs``: extra read-write binds (host path == sandbox path), e.g.
+    the working directory; ``devices``: list of devices.Device.
+    """
+    host_root = request.image is None
+    mounts = [
+        {"destination": "/proc", "type": "proc", "source": "proc"},
+        {"destination": "/dev/shm", "type": "tmpfs", "source": "shm", "options": ["nosuid", "nodev", "mode=1777"]},
+        {"destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"]},
+    ]
+    if host_root:
+        for directory in MASKED_HOST_DIRS:
+            if os.path.isdir(directory) and not os.path.islink(directory):
+                mounts.append({"destination": directory, "type": "tmpfs", "source": "tmpfs",
+                               "options": ["nosuid", "nodev", "mode=755"]})
+    mounts.append({"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=1777"]})
+    for directory in bind_dirs:
+        mounts.append({"destination": directory, "type": "bind", "source": directory, "options": ["rbind", "rw"]})
+    for mount in request.mounts:
+        mounts.append({"destination": mount.destination, "type": "bind", "source": mount.source,
+                       "options": ["rbind", "ro" if mount.read_only else "rw"]})
+    return {
+        "ociVersion": "1.0.2",
+        "process": process,
+        "root": {"path": request.image or "/", "readonly": True},
+        "hostname": hostname,
+        "mounts": mounts,
+        "linux": {
+            "namespaces": [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount")],
+            "devices": [{"path": d.path, "type": d.kind, "major": d.major, "minor": d.minor,
+                         "fileMode": 0o666, "uid": 0, "gid": 0} for d in devices],
+            "resources": {"devices": [{"allow": False, "access": "rwm"}] + [
+                {"allow": True, "type": d.kind, "major": d.major, "minor": d.minor, "access": "rwm"}
+                for d in devices]},
+        },
+        "annotations": {"org.slurmbox.devices": ",".join(d.host_path for d in devices)},
+    }
+
+
+def path_reachable(path, uid, gids, write=False):
+    """True when ``uid`` (with groups ``gids``) may reach ``path`` by the mode bits.
+
+    Every ancestor directory needs search (x) permission and the path itself
+    read (and, with ``write``, write) permission. Used so a root-run bind
+    mount never exposes what the user could not open on the host.
+    """
+    if uid == 0:
+        return True
+    path = os.path.realpath(path)
+    parts = path.split("/")
+    checks = ["/".join(parts[:i]) or "/" for i in range(1, len(parts))]
+    for directory in checks:
+        if not _allowed(directory, uid, gids, 0o1):
+            return False
+    return _allowed(path, uid, gids, 0o4 | (0o2 if write else 0))
+
+
+def _allowed(path, uid, gids, bits):
+    try:
+        info = os.stat(path)
+    except OSError:
+        return False
+    if info.st_uid == uid:
+        mode = (info.st_mode >> 6) & 7
+    elif info.st_gid in gids:
+        mode = (info.st_mode >> 3) & 7
+    else:
+        mode = info.st_mode & 7
+    return mode & bits == bits
+
+
+def home_of(uid):
+    """Home directory of ``uid`` or None."""
+    try:
+        return pwd.getpwuid(uid).pw_dir
+    except KeyError:
+        return None

@@ -1,0 +1,83 @@
+"""Remove everything a step's sandbox left on this node.
+
+Run by the SPANK shim at the end of every sandboxed step (``slurm_spank_exit``,
+root, after the tasks ended, also after scancel, time limit or a crash) and by
+the supervisor itself on a normal end. Idempotent: kills the supervisor if it
+still runs, kills and deletes the runsc container (``runsc kill``, ``runsc
+delete --force``), and removes the step's runtime directory (socket, bundle,
+pid files).
+"""
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+from slurmbox.sandbox import runsc
+
+
+def container_id_of(step_dir):
+    """Container id of the step whose runtime directory is ``step_dir`` (``<job>.<step>``)."""
+    return "slurmbox-" + os.path.basename(os.path.normpath(step_dir))
+
+
+def _stop_supervisor(step_dir):
+    try:
+        with open(os.path.join(step_dir, "supervisor.pid")) as handle:
+            pid = int(handle.read().strip())
+    except (OSError, ValueError):
+        return
+    if pid == os.getpid():
+        return
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as handle:
+            if b"slurmbox.sandbox.supervisor" not in handle.read():
+                return  # pid reused by something else
+        os.kill(pid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def remove_step(step_dir, runtime_dir):
+    """Tear down the sandbox of ``step_dir`` (a directory under ``runtime_dir``).
+
+    Refuses paths outside ``runtime_dir`` (raises ValueError). Safe to call
+    repeatedly and concurrently.
+    """
+    step_dir = os.path.realpath(step_dir)
+    if not step_dir.startswith(os.path.realpath(runtime_dir) + os.sep):
+        raise ValueError("%s is not inside the runtime directory %s" % (step_dir, runtime_dir))
+    _stop_supervisor(step_dir)
+    state_root = os.path.join(os.path.dirname(step_dir), runsc.RUNSC_STATE_SUBDIR)
+    container = container_id_of(step_dir)
+    try:
+        binary = runsc.find_runsc()
+    except runsc.RunscError:
+        binary = None
+    if binary and os.path.isdir(os.path.join(state_root, container)) or binary and _listed(binary, state_root, container):
+        quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "check": False}
+        subprocess.run([binary, "--root", state_root, "kill", "--all", container, "KILL"], **quiet)
+        subprocess.run([binary, "--root", state_root, "delete", "--force", container], **quiet)
+    shutil.rmtree(step_dir, ignore_errors=True)
+
+
+def _listed(binary, state_root, container):
+    if not os.path.isdir(state_root):
+        return False
+    listing = subprocess.run([binary, "--root", state_root, "list", "--quiet"], capture_output=True, text=True)
+    return container in listing.stdout.split()
+
+
+def main(argv=None):
+    """``python -m slurmbox.sandbox.cleanup --step-dir DIR --runtime-dir DIR``."""
+    parser = argparse.ArgumentParser(prog="slurmbox-cleanup")
+    parser.add_argument("--step-dir", required=True)
+    parser.add_argument("--runtime-dir", required=True)
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    remove_step(args.step_dir, args.runtime_dir)
+
+
+if __name__ == "__main__":
+    main()

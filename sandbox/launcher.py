@@ -1,0 +1,154 @@
+"""Task-side launcher: runs as the job's user in front of every sandboxed task.
+
+The SPANK shim puts this script in front of the task's argv. It imports only the
+standard library (it runs with ``python -IS`` on every step's start path) and
+does no privileged work: it connects to the step's root-run supervisor over the
+Unix socket named by ``SLURMBOX_SUPERVISOR_SOCKET``, passes its argv,
+environment, working directory and its stdin/stdout/stderr file descriptors
+(SCM_RIGHTS, unix(7)), forwards the signals Slurm sends the task, and finally
+exits the way the sandboxed process did (same exit code, or the same signal).
+
+Wire format (shared with the supervisor): frames of a 4-byte big-endian length
+followed by that many bytes of UTF-8 JSON; the first frame from the launcher
+carries three file descriptors as ancillary data.
+"""
+
+import array
+import json
+import os
+import signal
+import socket
+import struct
+import sys
+
+#: Signals Slurm may deliver to a task (scancel, --signal, time limit, srun ^C).
+FORWARDED_SIGNALS = (
+    signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGUSR1,
+    signal.SIGUSR2, signal.SIGALRM, signal.SIGCONT, signal.SIGTSTP, signal.SIGWINCH,
+)
+#: Exit code for "the sandbox could not run the command" (docker/podman use 125 alike).
+EXIT_SANDBOX_FAILED = 125
+_HEADER = struct.Struct(">I")
+MAX_FRAME = 16 << 20
+
+
+def send_frame(sock, message, fds=()):
+    """Send one JSON frame, optionally with file descriptors (list of int)."""
+    data = json.dumps(message).encode()
+    payload = _HEADER.pack(len(data)) + data
+    if fds:
+        ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))]
+        sent = sock.sendmsg([payload], ancillary)
+        payload = payload[sent:]
+    if payload:
+        sock.sendall(payload)
+
+
+def _recv_exact(sock, size, fds):
+    chunks = []
+    while size:
+        data, ancdata, _flags, _addr = sock.recvmsg(size, socket.CMSG_SPACE(16 * 4))
+        for level, kind, cdata in ancdata:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fd_array = array.array("i")
+                fd_array.frombytes(cdata[: len(cdata) - (len(cdata) % fd_array.itemsize)])
+                fds.extend(fd_array)
+        if not data:
+            return None
+        chunks.append(data)
+        size -= len(data)
+    return b"".join(chunks)
+
+
+def recv_frame(sock):
+    """Receive one frame.
+
+    Returns ``(message, fds)``: the decoded JSON object and the list of file
+    descriptors that came with it, or ``(None, [])`` at end of stream.
+    Raises ValueError for an oversized or malformed frame.
+    """
+    fds = []
+    header = _recv_exact(sock, _HEADER.size, fds)
+    if header is None:
+        return None, fds
+    (size,) = _HEADER.unpack(header)
+    if size > MAX_FRAME:
+        raise ValueError("frame of %d bytes exceeds the limit" % size)
+    body = _recv_exact(sock, size, fds)
+    if body is None:
+        return None, fds
+    return json.loads(body), fds
+
+
+def _task_argv():
+    argv0 = os.environ.pop("SLURMBOX_TASK_ARGV0", None)
+    if argv0 is not None:  # Slurm < 23.11: argv[0] was replaced by this script
+        return [argv0] + sys.argv[1:]
+    return sys.argv[1:]
+
+
+def _exit_like(result):
+    """Leave the process the way the sandboxed process left (never returns)."""
+    sys.stdout.flush()
+    if "signal" in result:
+        signum = int(result["signal"])
+        for sig in FORWARDED_SIGNALS:
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+        os._exit(128 + signum)
+    os._exit(int(result.get("exit", EXIT_SANDBOX_FAILED)))
+
+
+def main():
+    """Entry point; returns only through os._exit."""
+    socket_path = os.environ.pop("SLURMBOX_SUPERVISOR_SOCKET", "")
+    argv = _task_argv()
+    if not socket_path or not argv:
+        sys.stderr.write("slurmbox: the launcher was started outside a sandboxed Slurm step\n")
+        os._exit(EXIT_SANDBOX_FAILED)
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(socket_path)
+        try:
+            cwd = os.getcwd()
+        except OSError:
+            cwd = os.environ.get("PWD", "/")
+        request = {"argv": argv, "env": dict(os.environ), "cwd": cwd, "tty": os.isatty(0)}
+        send_frame(conn, request, fds=[0, 1, 2])
+    except OSError as err:
+        sys.stderr.write("slurmbox: cannot reach the step's sandbox supervisor at %s: %s\n"
+                         "slurmbox: ask the cluster admin to check the slurmbox plugin on this node\n"
+                         % (socket_path, err))
+        os._exit(EXIT_SANDBOX_FAILED)
+
+    def forward(signum, _frame):
+        try:
+            send_frame(conn, {"signal": signum})
+        except OSError:
+            pass
+
+    for sig in FORWARDED_SIGNALS:
+        signal.signal(sig, forward)
+    # Our copies of stdio are no longer needed: the sandbox holds its own.
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1):
+        os.dup2(devnull, fd)
+    while True:
+        try:
+            message, _fds = recv_frame(conn)
+        except InterruptedError:
+            continue
+        except (OSError, ValueError) as err:
+            message = {"error": "lost the sandbox supervisor: %s" % err}
+        if message is None:
+            message = {"error": "the sandbox supervisor went away before the task ended"}
+        if "error" in message:
+            sys.stderr.write("slurmbox: %s\n" % message["error"])
+            _exit_like({"exit": message.get("exit", EXIT_SANDBOX_FAILED)})
+        if "exit" in message or "signal" in message:
+            _exit_like(message)
+
+
+if __name__ == "__main__":
+    main()

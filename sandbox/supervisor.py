@@ -1,0 +1,353 @@
+"""Root-run supervisor of one step's sandbox on one node.
+
+Started by the SPANK shim (``python -I -m slurmbox.sandbox.supervisor``) with
+a clean environment and an already-listening Unix socket on fd 3. Each local
+task's launcher connects, proves it runs as the job's user (SO_PEERCRED,
+unix(7)), and hands over argv, environment, cwd and stdio descriptors. The
+first request fixes the sandbox settings (options are validated against the
+site policy); tasks then run as processes of one gVisor sandbox per node and
+step: with one local task, the task is the container's init (``runsc run``);
+with several, a holder init is started (``runsc create``/``start``) and each
+task joins with ``runsc exec``. Signals from the launcher are delivered with
+``runsc kill``; when the last local task ends the sandbox is deleted and the
+step's runtime directory removed.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import traceback
+
+from slurmbox.sandbox import bundle, devices, options, runsc
+from slurmbox.sandbox.launcher import EXIT_SANDBOX_FAILED, recv_frame, send_frame
+
+#: Holder init for multi-task sandboxes: blocks reading its stdin, a pipe the
+#: supervisor holds; when the supervisor closes it (or dies) the sandbox ends.
+HOLDER_ARGV = ["/bin/sh", "-c", "read _unused || true"]
+#: Slurm's status for a task whose command cannot be executed (slurmstepd exits 2 after execve fails).
+EXIT_COMMAND_NOT_FOUND = 2
+
+
+class StepFailure(RuntimeError):
+    """The step cannot run in a sandbox; ``exit`` is the status the task reports."""
+
+    def __init__(self, message, exit_code=EXIT_SANDBOX_FAILED):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def peer_uid(conn):
+    """(pid, uid, gid) of the process at the other end of Unix socket ``conn``."""
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)
+
+
+def decode_status(returncode):
+    """Map a runsc exit code to ``{"exit": N}`` or ``{"signal": N}``.
+
+    runsc reports a process killed by signal N as exit code 128+N (as shells
+    do); codes 129..192 are therefore read as signals. A program that itself
+    exits with such a code is reported as killed by that signal (documented
+    limitation of runsc's interface).
+    """
+    if returncode < 0:
+        return {"signal": -returncode}
+    if 128 < returncode <= 128 + 64:
+        return {"signal": returncode - 128}
+    return {"exit": returncode}
+
+
+class Supervisor:
+    """State of one step's sandbox on this node (see module docstring)."""
+
+    def __init__(self, args):
+        self.args = args
+        self.cli_options = dict(o.split("=", 1) for o in args.option)
+        self.node_dir = os.path.join(args.runtime_dir, args.node)
+        self.state_root = os.path.join(self.node_dir, runsc.RUNSC_STATE_SUBDIR)
+        self.container_id = "slurmbox-%s.%s" % (args.job, args.step)
+        self.bundle_dir = os.path.join(args.step_dir, "bundle")
+        self.lock = threading.Lock()
+        self.prepared = None        # (request, device plan, runsc prefix) or StepFailure
+        self.holder = None          # subprocess of the holder init (multi-task)
+        self.holder_input = None
+        self.finished = 0
+        self.done = threading.Event()
+
+    # -- preparation (once per step) -------------------------------------------------
+    def prepare(self, task_env):
+        """Validate options and devices from the first task; cache the outcome."""
+        with self.lock:
+            if self.prepared is None:
+                try:
+                    self.prepared = self._prepare(task_env)
+                except (options.OptionError, devices.DeviceError, runsc.RunscError) as err:
+                    self.prepared = StepFailure(str(err))
+                except Exception as err:  # keep the message; never leave the task hanging
+                    traceback.print_exc()
+                    self.prepared = StepFailure("internal error preparing the sandbox: %s" % err)
+            if isinstance(self.prepared, StepFailure):
+                raise self.prepared
+            return self.prepared
+
+    def _prepare(self, task_env):
+        from slurmbox.site_config.compiled import load_policy
+
+        policy = load_policy(self.args.site_config, self.node_dir)
+        merged = options.merge_sources(self.cli_options, task_env)
+        request = options.resolve(merged, policy, self.args.partition, self.args.partition_requires_sandbox)
+        uid, gid = self.args.uid, self.args.gid
+        _, _, groups = bundle.user_identity(uid, gid)
+        all_gids = [gid] + groups
+        if request.image and not bundle.path_reachable(request.image, uid, all_gids):
+            raise options.OptionError("image", request.image, "the job's user cannot read this directory")
+        for mount in request.mounts:
+            if not bundle.path_reachable(mount.source, uid, all_gids, write=not mount.read_only):
+                raise options.OptionError("mounts", "%s:%s" % (mount.source, mount.destination),
+                                          "the job's user may not %s %s on this node"
+                                          % ("read" if mount.read_only else "write", mount.source))
+        profile = policy.profiles[request.profile]
+        runsc_path = runsc.find_runsc()
+        caps = runsc.capabilities(runsc_path, self.node_dir)
+        plan = devices.plan_devices(self._allocated_device_files(task_env), set(caps["flags"]),
+                                    profile.allow_unproxied_devices)
+        prefix = runsc.global_args(runsc_path, self.state_root, profile.platform, request.network,
+                                   list(profile.runsc_flags) + plan.runsc_flags)
+        return request, plan, prefix, groups
+
+    def _allocated_device_files(self, task_env):
+        claimed = task_env.get("SLURM_STEP_GPUS") or task_env.get("SLURM_JOB_GPUS")
+        if not claimed:
+            return []
+        try:
+            claimed_indices = devices.parse_index_list(claimed)
+        except ValueError:
+            raise devices.DeviceError("SLURM_STEP_GPUS=%r is not an index list" % claimed)
+        detail = subprocess.run(["scontrol", "-d", "show", "job", str(self.args.job)], capture_output=True,
+                                text=True, env=self._slurm_env(), check=False).stdout
+        granted = set(devices.job_gpu_indices(detail, self.args.node))
+        refused = [i for i in claimed_indices if i not in granted]
+        if refused:
+            raise devices.DeviceError("GPU indices %s are not allocated to job %s on %s"
+                                      % (refused, self.args.job, self.args.node))
+        gres_path = os.path.join(os.path.dirname(self.args.slurm_conf), "gres.conf")
+        with open(gres_path) as handle:
+            files = devices.gres_gpu_files(handle.read(), self.args.node)
+        try:
+            return [files[i] for i in claimed_indices]
+        except IndexError:
+            raise devices.DeviceError("gres.conf at %s lists %d GPU files for %s, fewer than index %d"
+                                      % (gres_path, len(files), self.args.node, max(claimed_indices)))
+
+    def _slurm_env(self):
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+        if self.args.slurm_conf:
+            env["SLURM_CONF"] = self.args.slurm_conf
+        return env
+
+    # -- per task ------------------------------------------------------------------
+    def handle(self, conn):
+        """Serve one launcher connection until its task ends."""
+        fds = []
+        try:
+            _pid, peer, _gid = peer_uid(conn)
+            if peer not in (self.args.uid, 0):
+                send_frame(conn, {"error": "this sandbox belongs to job %s of another user" % self.args.job})
+                return
+            message, fds = recv_frame(conn)
+            if message is None or len(fds) != 3:
+                return
+            try:
+                self.run_task(conn, message, fds)
+            except StepFailure as failure:
+                send_frame(conn, {"error": str(failure), "exit": failure.exit_code})
+        except OSError:
+            traceback.print_exc()
+        finally:
+            for fd in fds:
+                os.close(fd)
+            conn.close()
+            with self.lock:
+                self.finished += 1
+                if self.finished >= self.args.local_tasks:
+                    self.done.set()
+
+    def run_task(self, conn, message, fds):
+        """Start the task inside the sandbox, forward signals, report its status."""
+        request, plan, prefix, groups = self.prepare(message["env"])
+        env = dict(message["env"])
+        env.update(plan.env)
+        root = request.image or "/"
+        task_cwd = message["cwd"]
+        cwd = request.workdir or task_cwd
+        try:
+            argv = list(message["argv"])
+            argv[0] = bundle.resolve_command(argv[0], env.get("PATH"), root, cwd)
+        except bundle.CommandNotFound as missing:
+            # Same status and wording as slurmstepd's own failed execve() (exit 2).
+            os.write(fds[2], ("slurmbox: error: execve(): %s: No such file or directory (inside the sandbox)\n"
+                              % missing).encode())
+            send_frame(conn, {"exit": EXIT_COMMAND_NOT_FOUND})
+            return
+        process = bundle.process_spec(argv, env, cwd, self.args.uid, self.args.gid, groups,
+                                      message.get("tty"), bundle.current_rlimits())
+        bind_dirs = [task_cwd] if task_cwd != "/" and os.path.isdir(task_cwd) else []
+        spec = bundle.build_spec(process, request, self.args.node, bind_dirs, plan.devices)
+        if request.dry_run:
+            os.write(fds[1], (json.dumps(spec, indent=2, sort_keys=True) + "\n").encode())
+            send_frame(conn, {"exit": 0})
+            return
+        if self.args.local_tasks == 1:
+            proc, kill_args = self._run_as_init(spec, prefix, fds)
+        else:
+            proc, kill_args = self._exec_in_sandbox(spec, prefix, fds)
+        self._relay(conn, proc, prefix, kill_args)
+
+    def _write_json(self, path, data):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as handle:
+            json.dump(data, handle)
+
+    def _run_as_init(self, spec, prefix, fds):
+        self._write_json(os.path.join(self.bundle_dir, "config.json"), spec)
+        proc = subprocess.Popen(prefix + ["run", "--bundle", self.bundle_dir, self.container_id],
+                                stdin=fds[0], stdout=fds[1], stderr=fds[2], close_fds=True,
+                                start_new_session=True)
+        return proc, [self.container_id]
+
+    def _ensure_holder(self, spec, prefix):
+        with self.lock:
+            if self.holder is not None:
+                return
+            holder_spec = dict(spec)
+            holder_spec["process"] = dict(spec["process"], args=HOLDER_ARGV, terminal=False)
+            self._write_json(os.path.join(self.bundle_dir, "config.json"), holder_spec)
+            read_end, write_end = os.pipe()
+            log = open(os.path.join(self.args.step_dir, "holder.log"), "wb")
+            create = subprocess.run(prefix + ["create", "--bundle", self.bundle_dir, self.container_id],
+                                    stdin=read_end, stdout=log, stderr=log, close_fds=True, check=False)
+            os.close(read_end)
+            log.close()
+            if create.returncode != 0:
+                os.close(write_end)
+                raise StepFailure("runsc create failed (exit %d); see %s" % (create.returncode, self.args.step_dir))
+            started = subprocess.run(prefix + ["start", self.container_id], capture_output=True, text=True)
+            if started.returncode != 0:
+                os.close(write_end)
+                raise StepFailure("runsc start failed: %s" % started.stderr.strip())
+            self.holder, self.holder_input = True, write_end
+
+    def _exec_in_sandbox(self, spec, prefix, fds):
+        self._ensure_holder(spec, prefix)
+        task_dir = os.path.join(self.args.step_dir, "tasks", str(fds[0]) + "-" + str(threading.get_ident()))
+        process_json = os.path.join(task_dir, "process.json")
+        self._write_json(process_json, spec["process"])
+        pid_file = os.path.join(task_dir, "pid")
+        proc = subprocess.Popen(prefix + ["exec", "--process", process_json, "--internal-pid-file", pid_file,
+                                          self.container_id],
+                                stdin=fds[0], stdout=fds[1], stderr=fds[2], close_fds=True, start_new_session=True)
+        return proc, pid_file
+
+    def _kill(self, prefix, kill_args, signum):
+        if isinstance(kill_args, str):  # exec'd task: signal its in-sandbox pid
+            try:
+                with open(kill_args) as handle:
+                    pid = handle.read().strip()
+            except OSError:
+                return
+            cmd = prefix + ["kill", "--pid", pid, self.container_id, str(signum)]
+        else:
+            cmd = prefix + ["kill", self.container_id, str(signum)]
+        subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+
+    def _relay(self, conn, proc, prefix, kill_args):
+        finished = threading.Event()
+
+        def watch_launcher():
+            while not finished.is_set():
+                try:
+                    message, extra = recv_frame(conn)
+                except (OSError, ValueError):
+                    message, extra = None, []
+                for fd in extra:
+                    os.close(fd)
+                if message is None:  # launcher gone (killed): the task must not outlive it
+                    if not finished.is_set():
+                        self._kill(prefix, kill_args, signal.SIGKILL)
+                    return
+                if "signal" in message and not finished.is_set():
+                    self._kill(prefix, kill_args, int(message["signal"]))
+
+        watcher = threading.Thread(target=watch_launcher, daemon=True)
+        watcher.start()
+        status = decode_status(proc.wait())
+        finished.set()
+        try:
+            send_frame(conn, status)
+        except OSError:
+            pass
+
+    # -- lifetime --------------------------------------------------------------------
+    def serve(self, listener):
+        """Accept launchers until every local task has ended, then tear down."""
+        def accept_loop():
+            while True:
+                try:
+                    conn, _ = listener.accept()
+                except OSError:
+                    return
+                threading.Thread(target=self.handle, args=(conn,), daemon=True).start()
+
+        threading.Thread(target=accept_loop, daemon=True).start()
+        self.done.wait()
+        self.teardown()
+
+    def teardown(self):
+        """Delete the sandbox and the step's bundle; idempotent."""
+        if self.holder_input is not None:
+            os.close(self.holder_input)
+            self.holder_input = None
+        from slurmbox.sandbox.cleanup import remove_step
+        remove_step(self.args.step_dir, self.args.runtime_dir)
+
+
+def parse_args(argv):
+    """Command line given by the SPANK shim (see spank_plugin/slurmbox_spank.c)."""
+    parser = argparse.ArgumentParser(prog="slurmbox-supervisor")
+    parser.add_argument("--listen-fd", type=int, required=True)
+    parser.add_argument("--step-dir", required=True)
+    parser.add_argument("--runtime-dir", required=True)
+    parser.add_argument("--node", required=True)
+    parser.add_argument("--job", required=True)
+    parser.add_argument("--step", required=True)
+    parser.add_argument("--uid", type=int, required=True)
+    parser.add_argument("--gid", type=int, required=True)
+    parser.add_argument("--local-tasks", type=int, required=True)
+    parser.add_argument("--partition", default="")
+    parser.add_argument("--site-config", default="")
+    parser.add_argument("--slurm-conf", default="/etc/slurm/slurm.conf")
+    parser.add_argument("--partition-requires-sandbox", action="store_true")
+    parser.add_argument("--option", action="append", default=[])
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    """Entry point used by the SPANK shim."""
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    listener = socket.socket(fileno=args.listen_fd)
+    with open(os.path.join(args.step_dir, "supervisor.pid"), "w") as handle:
+        handle.write(str(os.getpid()))
+    supervisor = Supervisor(args)
+    signal.signal(signal.SIGTERM, lambda *_: supervisor.done.set())
+    supervisor.serve(listener)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Ready-made sbatch scripts and wrappers for sandboxed jobs."""

@@ -1,0 +1,118 @@
+"""The compiled site policy read on every sandboxed step's start path.
+
+The admin-written site configuration (YAML, see ``slurmbox.site_config.model``)
+is validated with pydantic once and cached as JSON next to the step runtime
+directory; this module reads that JSON with the standard library only, so the
+supervisor never pays pydantic's import cost. A stale or missing cache is
+rebuilt through the model (slow path, once per change of the source file).
+"""
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+
+COMPILED_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A sandbox profile: default ``network`` mode, ``allowed_networks``,
+    ``allowed_mount_sources`` (host path prefixes; empty = any the user can
+    reach), ``allow_custom_image``, runsc ``platform`` and extra ``runsc_flags``."""
+
+    network: str = "none"
+    allowed_networks: tuple = ("none", "sandbox", "host")
+    allowed_mount_sources: tuple = ()
+    allow_custom_image: bool = True
+    platform: str = "ptrace"
+    runsc_flags: tuple = ()
+    allow_unproxied_devices: bool = False
+
+
+@dataclass(frozen=True)
+class PartitionPolicy:
+    """Sandbox policy of one partition: ``sandbox`` is required|optional|forbidden."""
+
+    sandbox: str = "optional"
+    default_profile: str = "default"
+    allowed_profiles: tuple = ()
+
+
+@dataclass
+class SitePolicy:
+    """Profiles by name and partition policies by partition name."""
+
+    profiles: dict = field(default_factory=lambda: {"default": Profile()})
+    partitions: dict = field(default_factory=dict)
+
+    def partition(self, name):
+        """Policy of partition ``name``; partitions not listed are optional/default."""
+        return self.partitions.get(name, PartitionPolicy())
+
+    def to_json(self):
+        """JSON-ready dict of this policy (the compiled form)."""
+        def tuples_to_lists(obj):
+            return {k: list(v) if isinstance(v, tuple) else v for k, v in obj.__dict__.items()}
+        return {
+            "format": COMPILED_FORMAT,
+            "profiles": {n: tuples_to_lists(p) for n, p in sorted(self.profiles.items())},
+            "partitions": {n: tuples_to_lists(p) for n, p in sorted(self.partitions.items())},
+        }
+
+    @classmethod
+    def from_json(cls, data):
+        """Build from the dict produced by to_json. Raises KeyError/TypeError if malformed."""
+        def lists_to_tuples(d):
+            return {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+        return cls(
+            profiles={n: Profile(**lists_to_tuples(p)) for n, p in data["profiles"].items()},
+            partitions={n: PartitionPolicy(**lists_to_tuples(p)) for n, p in data["partitions"].items()},
+        )
+
+
+def cache_path(source_path, cache_dir):
+    """Where the compiled JSON of ``source_path`` lives inside ``cache_dir``."""
+    digest = hashlib.sha256(os.path.abspath(source_path).encode()).hexdigest()[:16]
+    return os.path.join(cache_dir, "site-policy-%s.json" % digest)
+
+
+def load_policy(source_path, cache_dir):
+    """The SitePolicy of the site configuration at ``source_path``.
+
+    ``source_path`` None or empty gives the built-in default policy. The cache
+    in ``cache_dir`` is used when its recorded sha256 matches the source bytes;
+    otherwise the source is validated with the pydantic model and the cache is
+    rewritten atomically. Raises OSError if the source cannot be read and
+    slurmbox.site_config.model.SiteConfigError if it is invalid.
+    """
+    if not source_path:
+        return SitePolicy()
+    with open(source_path, "rb") as source:
+        raw = source.read()
+    digest = hashlib.sha256(raw).hexdigest()
+    cached = cache_path(source_path, cache_dir)
+    try:
+        with open(cached) as handle:
+            data = json.load(handle)
+        if data.get("source_sha256") == digest and data.get("format") == COMPILED_FORMAT:
+            return SitePolicy.from_json(data)
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    from slurmbox.site_config.model import compile_policy  # slow path: pydantic
+    policy = compile_policy(raw.decode(), source_path)
+    write_cache(policy, digest, cached)
+    return policy
+
+
+def write_cache(policy, source_digest, cached):
+    """Atomically write the compiled ``policy`` for a source with ``source_digest``."""
+    data = policy.to_json()
+    data["source_sha256"] = source_digest
+    os.makedirs(os.path.dirname(cached), exist_ok=True)
+    tmp = "%s.tmp.%d" % (cached, os.getpid())
+    with open(tmp, "w") as handle:
+        json.dump(data, handle, sort_keys=True)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, cached)

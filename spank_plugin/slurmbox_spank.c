@@ -1,0 +1,377 @@
+/*
+ * slurmbox SPANK shim: the only C in slurmbox.
+ *
+ * It registers the --sandbox* options and, in slurmstepd (remote context),
+ * hands every decision to Python:
+ *   - slurm_spank_init_post_opt: for a sandboxed step, create the step's
+ *     runtime directory and the supervisor's listening socket (so tasks can
+ *     connect before Python has started), then fork+exec the root-run
+ *     supervisor (python -I -m slurmbox.sandbox.supervisor) with a clean
+ *     environment and the options as arguments.
+ *   - slurm_spank_task_init: put the launcher in front of the task's argv
+ *     (spank_prepend_task_argv on Slurm >= 23.11, argv[0] replacement before).
+ *   - slurm_spank_exit: run the cleanup (python -I -m slurmbox.sandbox.cleanup)
+ *     and wait for it, so nothing outlives the step.
+ *
+ * API: /usr/include/slurm/spank.h, spank(7).
+ * Admin arguments in plugstack.conf: python=PATH launcher=PATH runtime_dir=PATH
+ * site_config=PATH required_partitions=P1,P2 (unknown keys are an error).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <slurm/slurm.h>
+#include <slurm/slurm_version.h>
+#include <slurm/spank.h>
+
+SPANK_PLUGIN(slurmbox, 1);
+
+#define SBX_OPT_COUNT 8
+enum sbx_opt { O_SANDBOX, O_NO_SANDBOX, O_IMAGE, O_MOUNTS, O_WORKDIR, O_NETWORK, O_DRY_RUN, O_PROFILE_UNUSED };
+static const char *opt_keys[SBX_OPT_COUNT] = {"sandbox", "no-sandbox", "image", "mounts", "workdir", "network", "dry-run", ""};
+static char *opt_values[SBX_OPT_COUNT];
+static int opt_given[SBX_OPT_COUNT];
+
+static char conf_python[PATH_MAX] = "/opt/slurmbox/venv/bin/python3";
+static char conf_launcher[PATH_MAX] = "/opt/slurmbox/libexec/slurmbox-launch";
+static char conf_runtime_dir[256] = "/run/slurmbox";
+static char conf_site_config[PATH_MAX] = "";
+static char conf_required[1024] = "";
+
+static int sandboxed;                 /* this step runs in a sandbox */
+static char step_dir[1024];           /* runtime_dir/<node>/<job>.<step> */
+static char log_path[1200];           /* runtime_dir/<node>/log/<job>.<step>.log */
+static char step_name[64];
+
+static int opt_cb(int val, const char *optarg, int remote)
+{
+	(void)remote;
+	if (val < 0 || val >= SBX_OPT_COUNT)
+		return -1;
+	free(opt_values[val]);
+	opt_values[val] = strdup(optarg ? optarg : "");
+	opt_given[val] = 1;
+	return 0;
+}
+
+static struct spank_option spank_opts[] = {
+	{"sandbox", "[PROFILE]", "Run each task inside a gVisor sandbox (optional profile name).", 2, O_SANDBOX, opt_cb},
+	{"no-sandbox", NULL, "Do not sandbox this step (refused where the partition requires it).", 0, O_NO_SANDBOX, opt_cb},
+	{"sandbox-image", "PATH", "Root file system directory for the sandbox (default: host root, read-only).", 1, O_IMAGE, opt_cb},
+	{"sandbox-mounts", "SRC:DST[:ro|rw][,...]", "Extra bind mounts into the sandbox.", 1, O_MOUNTS, opt_cb},
+	{"sandbox-workdir", "PATH", "Working directory inside the sandbox.", 1, O_WORKDIR, opt_cb},
+	{"sandbox-network", "none|sandbox|host", "Sandbox network mode (default none).", 1, O_NETWORK, opt_cb},
+	{"sandbox-dry-run", NULL, "Print the generated OCI spec instead of running the step.", 0, O_DRY_RUN, opt_cb},
+	SPANK_OPTIONS_TABLE_END
+};
+
+static int set_conf(char *dst, size_t size, const char *val, const char *key)
+{
+	if (strlen(val) >= size) {
+		slurm_error("slurmbox: plugstack argument %s is too long", key);
+		return -1;
+	}
+	strcpy(dst, val);
+	return 0;
+}
+
+static int parse_args(int ac, char **av)
+{
+	for (int i = 0; i < ac; i++) {
+		char *eq = strchr(av[i], '=');
+		if (!eq) {
+			slurm_error("slurmbox: plugstack argument '%s' is not key=value", av[i]);
+			return -1;
+		}
+		size_t klen = (size_t)(eq - av[i]);
+		const char *val = eq + 1;
+		int rc;
+		if (klen == 6 && !strncmp(av[i], "python", klen))
+			rc = set_conf(conf_python, sizeof(conf_python), val, "python");
+		else if (klen == 8 && !strncmp(av[i], "launcher", klen))
+			rc = set_conf(conf_launcher, sizeof(conf_launcher), val, "launcher");
+		else if (klen == 11 && !strncmp(av[i], "runtime_dir", klen))
+			rc = set_conf(conf_runtime_dir, sizeof(conf_runtime_dir), val, "runtime_dir");
+		else if (klen == 11 && !strncmp(av[i], "site_config", klen))
+			rc = set_conf(conf_site_config, sizeof(conf_site_config), val, "site_config");
+		else if (klen == 19 && !strncmp(av[i], "required_partitions", klen))
+			rc = set_conf(conf_required, sizeof(conf_required), val, "required_partitions");
+		else {
+			slurm_error("slurmbox: unknown plugstack argument '%.*s' (known: python, launcher, "
+				    "runtime_dir, site_config, required_partitions)", (int)klen, av[i]);
+			return -1;
+		}
+		if (rc)
+			return rc;
+	}
+	return 0;
+}
+
+int slurm_spank_init(spank_t sp, int ac, char **av)
+{
+	for (struct spank_option *o = spank_opts; o->name; o++)
+		if (spank_option_register(sp, o) != ESPANK_SUCCESS)
+			return -1;
+	if (spank_context() == S_CTX_REMOTE)
+		return parse_args(ac, av);
+	return 0;
+}
+
+/* True when name appears in the comma-separated list. */
+static int in_list(const char *list, const char *name)
+{
+	size_t n = strlen(name);
+	const char *p = list;
+	while (n && *p) {
+		const char *end = strchrnul(p, ',');
+		if ((size_t)(end - p) == n && !strncmp(p, name, n))
+			return 1;
+		p = *end ? end + 1 : end;
+	}
+	return 0;
+}
+
+static int env_truthy(const char *v)
+{
+	return v[0] && strcmp(v, "0") && strcasecmp(v, "no") && strcasecmp(v, "false");
+}
+
+static int getenv_job(spank_t sp, const char *name, char *buf, int len)
+{
+	buf[0] = '\0';
+	return spank_getenv(sp, name, buf, len) == ESPANK_SUCCESS;
+}
+
+static void format_step(uint32_t stepid, char *buf, size_t len)
+{
+	/* Special step ids: slurm.h (SLURM_BATCH_SCRIPT, SLURM_INTERACTIVE_STEP). */
+	if (stepid == SLURM_BATCH_SCRIPT)
+		snprintf(buf, len, "batch");
+	else if (stepid == SLURM_INTERACTIVE_STEP)
+		snprintf(buf, len, "interactive");
+	else
+		snprintf(buf, len, "%u", stepid);
+}
+
+static void add_arg(char **argv, int *argc, int max, char *arg)
+{
+	if (*argc < max - 1)
+		argv[(*argc)++] = arg;
+}
+
+int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
+{
+	(void)ac; (void)av;
+	if (spank_context() != S_CTX_REMOTE)
+		return 0;
+
+	uint32_t jobid = 0, stepid = 0, ntasks = 0;
+	uid_t uid = 0;
+	gid_t gid = 0;
+	if (spank_get_item(sp, S_JOB_ID, &jobid) != ESPANK_SUCCESS ||
+	    spank_get_item(sp, S_JOB_STEPID, &stepid) != ESPANK_SUCCESS)
+		return 0;
+	if (stepid == SLURM_EXTERN_CONT)
+		return 0;
+
+	char envbuf[256], partition[256];
+	getenv_job(sp, "SLURM_JOB_PARTITION", partition, sizeof(partition));
+	int required = in_list(conf_required, partition);
+	int env_wants = getenv_job(sp, "SLURMBOX_SANDBOX", envbuf, sizeof(envbuf)) && env_truthy(envbuf);
+	if (opt_given[O_NO_SANDBOX])
+		sandboxed = required; /* the supervisor refuses it with a message */
+	else
+		sandboxed = opt_given[O_SANDBOX] || env_wants || required;
+	if (!sandboxed)
+		return 0;
+
+	spank_get_item(sp, S_JOB_UID, &uid);
+	spank_get_item(sp, S_JOB_GID, &gid);
+	spank_get_item(sp, S_JOB_LOCAL_TASK_COUNT, &ntasks);
+
+	char node[65];
+	if (gethostname(node, sizeof(node)) != 0)
+		return -1;
+	node[sizeof(node) - 1] = '\0';
+	format_step(stepid, step_name, sizeof(step_name));
+
+	char node_dir[512], log_dir[600];
+	snprintf(node_dir, sizeof(node_dir), "%s/%s", conf_runtime_dir, node);
+	snprintf(step_dir, sizeof(step_dir), "%s/%u.%s", node_dir, jobid, step_name);
+	snprintf(log_dir, sizeof(log_dir), "%s/log", node_dir);
+	snprintf(log_path, sizeof(log_path), "%s/%u.%s.log", log_dir, jobid, step_name);
+	mkdir(conf_runtime_dir, 0711);
+	mkdir(node_dir, 0711);
+	mkdir(log_dir, 0700);
+	if (mkdir(step_dir, 0700) != 0 && errno != EEXIST) {
+		slurm_error("slurmbox: cannot create %s: %m", step_dir);
+		return -1;
+	}
+	/* The job user may traverse the step directory to reach the socket. */
+	if (chown(step_dir, 0, gid) != 0 || chmod(step_dir, 0710) != 0) {
+		slurm_error("slurmbox: cannot set owner of %s: %m", step_dir);
+		return -1;
+	}
+
+	struct sockaddr_un addr = {.sun_family = AF_UNIX};
+	if ((size_t)snprintf(addr.sun_path, sizeof(addr.sun_path), "%s/supervisor.sock", step_dir) >= sizeof(addr.sun_path)) {
+		slurm_error("slurmbox: runtime_dir %s is too long for a socket path", conf_runtime_dir);
+		return -1;
+	}
+	unlink(addr.sun_path);
+	int lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (lfd < 0 || bind(lfd, (struct sockaddr *)&addr, sizeof(addr)) != 0 ||
+	    chown(addr.sun_path, uid, gid) != 0 || chmod(addr.sun_path, 0600) != 0 ||
+	    listen(lfd, 128) != 0) {
+		slurm_error("slurmbox: cannot create supervisor socket %s: %m", addr.sun_path);
+		if (lfd >= 0)
+			close(lfd);
+		return -1;
+	}
+
+	char s_job[32], s_step[64], s_uid[32], s_gid[32], s_tasks[32], s_fd[16];
+	snprintf(s_job, sizeof(s_job), "%u", jobid);
+	snprintf(s_step, sizeof(s_step), "%s", step_name);
+	snprintf(s_uid, sizeof(s_uid), "%u", (unsigned)uid);
+	snprintf(s_gid, sizeof(s_gid), "%u", (unsigned)gid);
+	snprintf(s_tasks, sizeof(s_tasks), "%u", ntasks);
+	snprintf(s_fd, sizeof(s_fd), "%d", 3);
+
+	char *argv[64];
+	static char optbuf[SBX_OPT_COUNT][PATH_MAX + 32];
+	int argc = 0;
+	add_arg(argv, &argc, 64, conf_python);
+	add_arg(argv, &argc, 64, "-I");
+	add_arg(argv, &argc, 64, "-m");
+	add_arg(argv, &argc, 64, "slurmbox.sandbox.supervisor");
+	add_arg(argv, &argc, 64, "--listen-fd"); add_arg(argv, &argc, 64, s_fd);
+	add_arg(argv, &argc, 64, "--step-dir"); add_arg(argv, &argc, 64, step_dir);
+	add_arg(argv, &argc, 64, "--runtime-dir"); add_arg(argv, &argc, 64, conf_runtime_dir);
+	add_arg(argv, &argc, 64, "--node"); add_arg(argv, &argc, 64, node);
+	add_arg(argv, &argc, 64, "--job"); add_arg(argv, &argc, 64, s_job);
+	add_arg(argv, &argc, 64, "--step"); add_arg(argv, &argc, 64, s_step);
+	add_arg(argv, &argc, 64, "--uid"); add_arg(argv, &argc, 64, s_uid);
+	add_arg(argv, &argc, 64, "--gid"); add_arg(argv, &argc, 64, s_gid);
+	add_arg(argv, &argc, 64, "--local-tasks"); add_arg(argv, &argc, 64, s_tasks);
+	add_arg(argv, &argc, 64, "--partition"); add_arg(argv, &argc, 64, partition);
+	if (conf_site_config[0]) {
+		add_arg(argv, &argc, 64, "--site-config");
+		add_arg(argv, &argc, 64, conf_site_config);
+	}
+	const char *slurm_conf = getenv("SLURM_CONF"); /* slurmstepd's own environment */
+	if (slurm_conf && slurm_conf[0]) {
+		add_arg(argv, &argc, 64, "--slurm-conf");
+		add_arg(argv, &argc, 64, (char *)slurm_conf);
+	}
+	if (required)
+		add_arg(argv, &argc, 64, "--partition-requires-sandbox");
+	for (int i = 0; i < SBX_OPT_COUNT; i++) {
+		if (!opt_given[i])
+			continue;
+		snprintf(optbuf[i], sizeof(optbuf[i]), "%s=%s", opt_keys[i], opt_values[i]);
+		add_arg(argv, &argc, 64, "--option");
+		add_arg(argv, &argc, 64, optbuf[i]);
+	}
+	argv[argc] = NULL;
+
+	/* Root-run Python gets a fixed environment, never the job's. */
+	char *envp[] = {"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8", NULL};
+
+	pid_t pid = fork();
+	if (pid < 0) {
+		slurm_error("slurmbox: fork: %m");
+		close(lfd);
+		return -1;
+	}
+	if (pid == 0) {
+		/* Double fork so the supervisor is not slurmstepd's child. */
+		if (fork() != 0)
+			_exit(0);
+		setsid();
+		if (dup2(lfd, 3) < 0)
+			_exit(127);
+		int devnull = open("/dev/null", O_RDWR);
+		if (devnull >= 0) {
+			dup2(devnull, 0);
+			dup2(devnull, 1);
+		}
+		int logfd = open(log_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+		if (logfd >= 0)
+			dup2(logfd, 2);
+		for (int fd = 4; fd < 1024; fd++)
+			close(fd);
+		execve(conf_python, argv, envp);
+		_exit(127);
+	}
+	close(lfd);
+	waitpid(pid, NULL, 0);
+	return 0;
+}
+
+int slurm_spank_task_init(spank_t sp, int ac, char **av)
+{
+	(void)ac; (void)av;
+	if (!sandboxed || spank_context() != S_CTX_REMOTE)
+		return 0;
+
+	char sock[1100];
+	snprintf(sock, sizeof(sock), "%s/supervisor.sock", step_dir);
+	spank_setenv(sp, "SLURMBOX_SUPERVISOR_SOCKET", sock, 1);
+#if SLURM_VERSION_NUMBER >= SLURM_VERSION_NUM(23, 11, 0)
+	const char *prefix[] = {conf_launcher};
+	spank_unsetenv(sp, "SLURMBOX_TASK_ARGV0");
+	if (spank_prepend_task_argv(sp, 1, prefix) != ESPANK_SUCCESS) {
+		slurm_error("slurmbox: spank_prepend_task_argv failed");
+		return -1;
+	}
+#else
+	int argc = 0;
+	char **argv = NULL;
+	if (spank_get_item(sp, S_JOB_ARGV, &argc, &argv) != ESPANK_SUCCESS || argc < 1) {
+		slurm_error("slurmbox: cannot read the task's argv");
+		return -1;
+	}
+	/* Shared by all tasks of the step: argv[0] is replaced once. */
+	if (strcmp(argv[0], conf_launcher) != 0) {
+		spank_setenv(sp, "SLURMBOX_TASK_ARGV0", argv[0], 1);
+		argv[0] = strdup(conf_launcher);
+	}
+#endif
+	return 0;
+}
+
+int slurm_spank_exit(spank_t sp, int ac, char **av)
+{
+	(void)sp; (void)ac; (void)av;
+	if (!sandboxed || spank_context() != S_CTX_REMOTE)
+		return 0;
+	char *argv[] = {conf_python, "-I", "-m", "slurmbox.sandbox.cleanup", "--step-dir", step_dir,
+			"--runtime-dir", conf_runtime_dir, NULL};
+	char *envp[] = {"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8", NULL};
+	pid_t pid = fork();
+	if (pid == 0) {
+		int devnull = open("/dev/null", O_RDWR);
+		if (devnull >= 0) {
+			dup2(devnull, 0);
+			dup2(devnull, 1);
+			dup2(devnull, 2);
+		}
+		execve(conf_python, argv, envp);
+		_exit(127);
+	}
+	if (pid > 0)
+		waitpid(pid, NULL, 0);
+	return 0;
+}
