@@ -11,6 +11,8 @@ import pwd
 import resource
 import stat
 
+from slurmbox.sandbox.options import Mount  # noqa: F401  (re-exported for callers)
+
 #: Host directories hidden (empty tmpfs) when the host root is the image.
 MASKED_HOST_DIRS = ("/root", "/home", "/tmp", "/var/tmp", "/run", "/var/run", "/var/spool", "/var/lib",
                     "/var/log", "/var/mail", "/etc/munge", "/etc/slurm", "/srv", "/mnt", "/media", "/opt",
@@ -84,14 +86,19 @@ def process_spec(argv, env, cwd, uid, gid, groups, tty, rlimits):
     }
 
 
-def build_spec(process, request, hostname, bind_dirs, devices):
+def build_spec(process, request, hostname, bind_dirs, devices, extra_mounts=(), network=None):
     """The OCI config.json dict for a step sandbox.
 
     ``process``: from process_spec; ``request``: options.SandboxRequest;
     ``bind_dirs``: extra read-write binds (host path == sandbox path), e.g.
-    the working directory; ``devices``: list of devices.Device.
+    the working directory; ``devices``: list of devices.Device;
+    ``extra_mounts``: slurmbox's own binds (options.Mount) after the user's;
+    ``network``: runsc network mode (default: the request's).
     """
     host_root = request.image is None
+    network = network or request.network
+    # --network=host shares the node's network namespace; otherwise a new, empty one.
+    namespaces = ("pid", "ipc", "uts", "mount") if network == "host" else ("pid", "network", "ipc", "uts", "mount")
     mounts = [
         {"destination": "/proc", "type": "proc", "source": "proc"},
         {"destination": "/dev/shm", "type": "tmpfs", "source": "shm", "options": ["nosuid", "nodev", "mode=1777"]},
@@ -105,7 +112,7 @@ def build_spec(process, request, hostname, bind_dirs, devices):
     mounts.append({"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=1777"]})
     for directory in bind_dirs:
         mounts.append({"destination": directory, "type": "bind", "source": directory, "options": ["rbind", "rw"]})
-    for mount in request.mounts:
+    for mount in list(request.mounts) + list(extra_mounts):
         mounts.append({"destination": mount.destination, "type": "bind", "source": mount.source,
                        "options": ["rbind", "ro" if mount.read_only else "rw"]})
     return {
@@ -115,7 +122,7 @@ def build_spec(process, request, hostname, bind_dirs, devices):
         "hostname": hostname,
         "mounts": mounts,
         "linux": {
-            "namespaces": [{"type": t} for t in ("pid", "network", "ipc", "uts", "mount")],
+            "namespaces": [{"type": t} for t in namespaces],
             "devices": [{"path": d.path, "type": d.kind, "major": d.major, "minor": d.minor,
                          "fileMode": 0o666, "uid": 0, "gid": 0} for d in devices],
             "resources": {"devices": [{"allow": False, "access": "rwm"}] + [

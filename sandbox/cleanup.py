@@ -57,7 +57,8 @@ def remove_step(step_dir, runtime_dir):
     except runsc.RunscError:
         binary = None
     if binary and os.path.isdir(os.path.join(state_root, container)) or binary and _listed(binary, state_root, container):
-        quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL, "check": False}
+        # Pipes, not /dev/null: runsc may chown the stdio it is given (see stdio_relay).
+        quiet = {"capture_output": True, "check": False}
         subprocess.run([binary, "--root", state_root, "kill", "--all", container, "KILL"], **quiet)
         subprocess.run([binary, "--root", state_root, "delete", "--force", container], **quiet)
     shutil.rmtree(step_dir, ignore_errors=True)

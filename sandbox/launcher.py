@@ -122,6 +122,11 @@ def main():
                          % (socket_path, err))
         os._exit(EXIT_SANDBOX_FAILED)
 
+    _relay_until_exit(conn)
+
+
+def _relay_until_exit(conn):
+    """Forward our signals over ``conn`` and exit as the remote process did."""
     def forward(signum, _frame):
         try:
             send_frame(conn, {"signal": signum})
@@ -130,7 +135,7 @@ def main():
 
     for sig in FORWARDED_SIGNALS:
         signal.signal(sig, forward)
-    # Our copies of stdio are no longer needed: the sandbox holds its own.
+    # Our copies of stdin/stdout are no longer needed: the other side has its own.
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1):
         os.dup2(devnull, fd)
@@ -150,5 +155,38 @@ def main():
             _exit_like(message)
 
 
+def proxy_main():
+    """``srun`` inside a sandboxed batch step: ask the step broker to run it.
+
+    Creates a listening socket in the broker directory (``SLURMBOX_STEP_BROKER``),
+    waits for the broker to connect, sends argv/environment/cwd, then behaves
+    like the real srun's exit. See slurmbox.sandbox.step_broker.
+    """
+    broker = os.environ.get("SLURMBOX_STEP_BROKER")
+    if not broker:
+        sys.stderr.write("slurmbox: srun is not available inside this sandbox (no step broker)\n")
+        os._exit(EXIT_SANDBOX_FAILED)
+    path = os.path.join(broker, "%d-%s.sock" % (os.getpid(), os.urandom(6).hex()))
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+    conn, _addr = listener.accept()
+    listener.close()
+    try:
+        cwd = os.getcwd()
+    except OSError:
+        cwd = ""
+    send_frame(conn, {"argv": ["srun"] + sys.argv[1:], "env": dict(os.environ), "cwd": cwd})
+    _relay_until_exit(conn)
+
+
+def dispatch():
+    """Run as the task launcher, or as the in-sandbox srun proxy when called ``srun``."""
+    if os.path.basename(sys.argv[0]) == "srun":
+        proxy_main()
+    else:
+        main()
+
+
 if __name__ == "__main__":
-    main()
+    dispatch()

@@ -77,6 +77,8 @@ def merge_sources(cli_options, task_env):
             merged[name] = cli_options[name]
         elif var in task_env:
             merged[name] = task_env[var]
+        if merged.get(name) == "(null)":  # how sbatch passes a flag given without a value
+            merged[name] = ""
     if "no-sandbox" in cli_options:
         merged["no-sandbox"] = ""
     return merged

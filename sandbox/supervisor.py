@@ -27,6 +27,7 @@ import traceback
 
 from slurmbox.sandbox import bundle, devices, options, runsc
 from slurmbox.sandbox.launcher import EXIT_SANDBOX_FAILED, recv_frame, send_frame
+from slurmbox.sandbox.stdio_relay import StdioRelay
 
 #: Holder init for multi-task sandboxes: blocks reading its stdin, a pipe the
 #: supervisor holds; when the supervisor closes it (or dies) the sandbox ends.
@@ -79,6 +80,7 @@ class Supervisor:
         self.holder = None          # subprocess of the holder init (multi-task)
         self.holder_input = None
         self.finished = 0
+        self.brokers = []
         self.done = threading.Event()
 
     # -- preparation (once per step) -------------------------------------------------
@@ -199,16 +201,47 @@ class Supervisor:
         process = bundle.process_spec(argv, env, cwd, self.args.uid, self.args.gid, groups,
                                       message.get("tty"), bundle.current_rlimits())
         bind_dirs = [task_cwd] if task_cwd != "/" and os.path.isdir(task_cwd) else []
-        spec = bundle.build_spec(process, request, self.args.node, bind_dirs, plan.devices)
+        extra_mounts = []
+        if self.args.step == "batch" and not request.dry_run:
+            extra_mounts, prefix = self._batch_step_access(argv[0], prefix, process, request, groups, fds, task_cwd)
+        spec = bundle.build_spec(process, request, self.args.node, bind_dirs, plan.devices, extra_mounts)
         if request.dry_run:
             os.write(fds[1], (json.dumps(spec, indent=2, sort_keys=True) + "\n").encode())
             send_frame(conn, {"exit": 0})
             return
-        if self.args.local_tasks == 1:
-            proc, kill_args = self._run_as_init(spec, prefix, fds)
-        else:
-            proc, kill_args = self._exec_in_sandbox(spec, prefix, fds)
-        self._relay(conn, proc, prefix, kill_args)
+        relay = StdioRelay(fds, spec["process"]["terminal"])
+        try:
+            if self.args.local_tasks == 1:
+                proc, kill_args = self._run_as_init(spec, prefix, relay.child_fds)
+            else:
+                proc, kill_args = self._exec_in_sandbox(spec, prefix, relay.child_fds)
+        finally:
+            relay.started()
+        self._relay(conn, proc, prefix, kill_args, relay)
+
+    def _batch_step_access(self, script, prefix, process, request, groups, fds, task_cwd):
+        """Mounts, runsc flags and environment of a sandboxed batch step.
+
+        The batch script lives in slurmd's spool directory (bound read-only).
+        ``srun`` inside is the launcher in proxy mode, bound over the node's
+        srun, talking to a StepBroker through sockets it may create in the
+        broker directory (``--host-uds=create``; connecting to host sockets
+        stays forbidden). Returns (mounts, runsc prefix).
+        """
+        from slurmbox.sandbox.step_broker import BROKER_MOUNT, StepBroker
+
+        broker = StepBroker.create(self.args.step_dir, self.args.uid, self.args.gid, groups, fds, task_cwd,
+                                   self.args.slurm_conf)
+        broker.start()
+        self.brokers.append(broker)
+        install_root = os.path.dirname(sys.prefix)  # <prefix>/venv -> <prefix>: launcher and its python
+        srun_path = shutil.which("srun", path="/usr/local/bin:/usr/bin:/bin") or "/usr/bin/srun"
+        mounts = [bundle.Mount(script, script, True), bundle.Mount(install_root, install_root, True),
+                  bundle.Mount(broker.directory, BROKER_MOUNT, False),
+                  bundle.Mount(self.args.launcher, srun_path, True)]
+        process["env"] = [e for e in process["env"] if not e.startswith(("SLURMBOX_STEP_BROKER=", "SLURMBOX_SANDBOX="))]
+        process["env"] += ["SLURMBOX_STEP_BROKER=%s" % BROKER_MOUNT, "SLURMBOX_SANDBOX=%s" % request.profile]
+        return mounts, prefix + ["--host-uds=create"]
 
     def _write_json(self, path, data):
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -265,9 +298,9 @@ class Supervisor:
             cmd = prefix + ["kill", "--pid", pid, self.container_id, str(signum)]
         else:
             cmd = prefix + ["kill", self.container_id, str(signum)]
-        subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+        subprocess.run(cmd, capture_output=True, check=False)
 
-    def _relay(self, conn, proc, prefix, kill_args):
+    def _relay(self, conn, proc, prefix, kill_args, relay):
         finished = threading.Event()
 
         def watch_launcher():
@@ -282,13 +315,16 @@ class Supervisor:
                     if not finished.is_set():
                         self._kill(prefix, kill_args, signal.SIGKILL)
                     return
-                if "signal" in message and not finished.is_set():
+                if message.get("signal") == signal.SIGWINCH:
+                    relay.resize()  # the inner pty signals its foreground group itself
+                elif "signal" in message and not finished.is_set():
                     self._kill(prefix, kill_args, int(message["signal"]))
 
         watcher = threading.Thread(target=watch_launcher, daemon=True)
         watcher.start()
         status = decode_status(proc.wait())
         finished.set()
+        relay.finish()
         try:
             send_frame(conn, status)
         except OSError:
@@ -311,6 +347,8 @@ class Supervisor:
 
     def teardown(self):
         """Delete the sandbox and the step's bundle; idempotent."""
+        for broker in self.brokers:
+            broker.stop()
         if self.holder_input is not None:
             os.close(self.holder_input)
             self.holder_input = None
@@ -334,6 +372,7 @@ def parse_args(argv):
     parser.add_argument("--site-config", default="")
     parser.add_argument("--slurm-conf", default="/etc/slurm/slurm.conf")
     parser.add_argument("--partition-requires-sandbox", action="store_true")
+    parser.add_argument("--launcher", default="/opt/slurmbox/libexec/slurmbox-launch")
     parser.add_argument("--option", action="append", default=[])
     return parser.parse_args(argv)
 
@@ -342,8 +381,6 @@ def main(argv=None):
     """Entry point used by the SPANK shim."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
     listener = socket.socket(fileno=args.listen_fd)
-    with open(os.path.join(args.step_dir, "supervisor.pid"), "w") as handle:
-        handle.write(str(os.getpid()))
     supervisor = Supervisor(args)
     signal.signal(signal.SIGTERM, lambda *_: supervisor.done.set())
     supervisor.serve(listener)

@@ -61,7 +61,7 @@ static int opt_cb(int val, const char *optarg, int remote)
 	if (val < 0 || val >= SBX_OPT_COUNT)
 		return -1;
 	free(opt_values[val]);
-	opt_values[val] = strdup(optarg ? optarg : "");
+	opt_values[val] = strdup(optarg && strcmp(optarg, "(null)") ? optarg : "");
 	opt_given[val] = 1;
 	return 0;
 }
@@ -266,6 +266,7 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 	add_arg(argv, &argc, 64, "--gid"); add_arg(argv, &argc, 64, s_gid);
 	add_arg(argv, &argc, 64, "--local-tasks"); add_arg(argv, &argc, 64, s_tasks);
 	add_arg(argv, &argc, 64, "--partition"); add_arg(argv, &argc, 64, partition);
+	add_arg(argv, &argc, 64, "--launcher"); add_arg(argv, &argc, 64, conf_launcher);
 	if (conf_site_config[0]) {
 		add_arg(argv, &argc, 64, "--site-config");
 		add_arg(argv, &argc, 64, conf_site_config);
@@ -296,9 +297,22 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 		return -1;
 	}
 	if (pid == 0) {
-		/* Double fork so the supervisor is not slurmstepd's child. */
-		if (fork() != 0)
-			_exit(0);
+		/* Double fork so the supervisor is not slurmstepd's child; the
+		 * intermediate child records its pid before the step goes on, so
+		 * cleanup can always find it. */
+		pid_t supervisor = fork();
+		if (supervisor != 0) {
+			char pidpath[1100], pidtext[32];
+			snprintf(pidpath, sizeof(pidpath), "%s/supervisor.pid", step_dir);
+			int pfd = open(pidpath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+			if (pfd >= 0) {
+				int n = snprintf(pidtext, sizeof(pidtext), "%d\n", (int)supervisor);
+				if (write(pfd, pidtext, (size_t)n) != n)
+					slurm_error("slurmbox: cannot write %s", pidpath);
+				close(pfd);
+			}
+			_exit(supervisor > 0 ? 0 : 1);
+		}
 		setsid();
 		if (dup2(lfd, 3) < 0)
 			_exit(127);
