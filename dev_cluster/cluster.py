@@ -299,7 +299,8 @@ partitions:
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def _remove_network(self):
-        for node in self.node_names:
+        for index, node in enumerate(self.node_names, start=1):
+            _run(["ip", "link", "delete", "%sv%d" % (self.tag, index)], check=False)
             _run(["ip", "netns", "delete", self.netns(node)], check=False)
         _run(["ip", "link", "delete", self.bridge], check=False)
 

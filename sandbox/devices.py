@@ -54,6 +54,13 @@ class DevicePlan:
     devices: list = field(default_factory=list)
     runsc_flags: list = field(default_factory=list)
     env: dict = field(default_factory=dict)
+    problems: list = field(default_factory=list)
+
+
+def _problem(plan, strict, message):
+    if strict:
+        raise DeviceError(message)
+    plan.problems.append(message)
 
 
 def vendor_of(path):
@@ -144,12 +151,14 @@ def _device(host_path, inside_path):
     return Device(host_path, inside_path, kind, os.major(info.st_rdev), os.minor(info.st_rdev))
 
 
-def plan_devices(device_files, runsc_flags_supported, allow_unproxied=False):
+def plan_devices(device_files, runsc_flags_supported, allow_unproxied=False, strict=True):
     """Build the DevicePlan for the allocated ``device_files`` (host paths).
 
     ``runsc_flags_supported``: set of runsc flag names the installed runsc
     knows. Raises DeviceError when the vendor needs a proxy this runsc lacks,
-    or has no gVisor proxy and the profile does not allow unproxied devices.
+    or has no gVisor proxy and the profile does not allow unproxied devices;
+    with ``strict`` False (dry runs) those problems are listed in
+    ``plan.problems`` instead, so the would-be bundle can still be shown.
     """
     plan = DevicePlan()
     if not device_files:
@@ -163,12 +172,12 @@ def plan_devices(device_files, runsc_flags_supported, allow_unproxied=False):
     proxy = _PROXY_FLAG.get(vendor)
     if proxy:
         if proxy not in runsc_flags_supported:
-            raise DeviceError("the installed runsc has no --%s, so %s devices cannot be passed into a gVisor "
+            _problem(plan, strict, "the installed runsc has no --%s, so %s devices cannot be passed into a gVisor "
                               "sandbox; install a gVisor release with %s support or run this step without "
                               "accelerators" % (proxy, vendor, proxy))
         plan.runsc_flags.append("--%s" % proxy)
     elif not allow_unproxied:
-        raise DeviceError("gVisor has no %s device proxy; this sandbox profile does not allow the weaker "
+        _problem(plan, strict, "gVisor has no %s device proxy; this sandbox profile does not allow the weaker "
                           "unproxied-device mode (allow_unproxied_devices in the site configuration)" % vendor)
     extra = []
     if vendor == "nvidia":

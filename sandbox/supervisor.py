@@ -119,7 +119,7 @@ class Supervisor:
         runsc_path = runsc.find_runsc()
         caps = runsc.capabilities(runsc_path, self.node_dir)
         plan = devices.plan_devices(self._allocated_device_files(task_env), set(caps["flags"]),
-                                    profile.allow_unproxied_devices)
+                                    profile.allow_unproxied_devices, strict=not request.dry_run)
         prefix = runsc.global_args(runsc_path, self.state_root, profile.platform, request.network,
                                    list(profile.runsc_flags) + plan.runsc_flags)
         return request, plan, prefix, groups
@@ -206,6 +206,8 @@ class Supervisor:
             extra_mounts, prefix = self._batch_step_access(argv[0], prefix, process, request, groups, fds, task_cwd)
         spec = bundle.build_spec(process, request, self.args.node, bind_dirs, plan.devices, extra_mounts)
         if request.dry_run:
+            for problem in plan.problems:
+                os.write(fds[2], ("slurmbox: warning: this step would fail: %s\n" % problem).encode())
             os.write(fds[1], (json.dumps(spec, indent=2, sort_keys=True) + "\n").encode())
             send_frame(conn, {"exit": 0})
             return

@@ -51,6 +51,7 @@ static char conf_site_config[PATH_MAX] = "";
 static char conf_required[1024] = "";
 
 static int sandboxed;                 /* this step runs in a sandbox */
+static int multi_prog;                /* step launched with srun --multi-prog */
 static char step_dir[1024];           /* runtime_dir/<node>/<job>.<step> */
 static char log_path[1200];           /* runtime_dir/<node>/log/<job>.<step>.log */
 static char step_name[64];
@@ -171,6 +172,34 @@ static void add_arg(char **argv, int *argc, int max, char *arg)
 		argv[(*argc)++] = arg;
 }
 
+/*
+ * srun --multi-prog: slurmstepd's step argv is {CONFIG_PATH, CONFIG_TEXT}
+ * and each task's real argv is built from CONFIG_TEXT (srun(1) MULTIPLE
+ * PROGRAM CONFIGURATION). Recognise CONFIG_TEXT: every non-comment line
+ * starts with a task list made of digits, ',', '-' or '*'.
+ */
+static int looks_like_multi_prog(int argc, char **argv)
+{
+	if (argc != 2 || !strchr(argv[1], '\n'))
+		return 0;
+	const char *line = argv[1];
+	while (*line) {
+		const char *end = strchrnul(line, '\n');
+		const char *p = line;
+		while (p < end && (*p == ' ' || *p == '\t'))
+			p++;
+		if (p < end && *p != '#') {
+			const char *q = p;
+			while (q < end && (strchr("0123456789,-*", *q)))
+				q++;
+			if (q == p || (q < end && *q != ' ' && *q != '\t'))
+				return 0;
+		}
+		line = *end ? end + 1 : end;
+	}
+	return 1;
+}
+
 int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 {
 	(void)ac; (void)av;
@@ -196,6 +225,15 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 		sandboxed = opt_given[O_SANDBOX] || env_wants || required;
 	if (!sandboxed)
 		return 0;
+
+	int job_argc = 0;
+	char **job_argv = NULL;
+	if (spank_get_item(sp, S_JOB_ARGV, &job_argc, &job_argv) == ESPANK_SUCCESS)
+		multi_prog = looks_like_multi_prog(job_argc, job_argv);
+#if SLURM_VERSION_NUMBER < SLURM_VERSION_NUM(23, 11, 0)
+	if (multi_prog)
+		return 0; /* task_init refuses the step with a message; no supervisor needed */
+#endif
 
 	spank_get_item(sp, S_JOB_UID, &uid);
 	spank_get_item(sp, S_JOB_GID, &gid);
@@ -351,6 +389,14 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 		return -1;
 	}
 #else
+	if (multi_prog) {
+		/* The per-task argv of --multi-prog is out of SPANK's reach before 23.11. */
+		fprintf(stderr, "slurmbox: error: --sandbox cannot be combined with --multi-prog on Slurm %d.%02d "
+			"(needs Slurm 23.11 or later); run one srun per program instead\n",
+			SLURM_VERSION_MAJOR(SLURM_VERSION_NUMBER), SLURM_VERSION_MINOR(SLURM_VERSION_NUMBER));
+		fflush(stderr);
+		return -1;
+	}
 	int argc = 0;
 	char **argv = NULL;
 	if (spank_get_item(sp, S_JOB_ARGV, &argc, &argv) != ESPANK_SUCCESS || argc < 1) {
@@ -369,7 +415,7 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 int slurm_spank_exit(spank_t sp, int ac, char **av)
 {
 	(void)sp; (void)ac; (void)av;
-	if (!sandboxed || spank_context() != S_CTX_REMOTE)
+	if (!sandboxed || !step_dir[0] || spank_context() != S_CTX_REMOTE)
 		return 0;
 	char *argv[] = {conf_python, "-I", "-m", "slurmbox.sandbox.cleanup", "--step-dir", step_dir,
 			"--runtime-dir", conf_runtime_dir, NULL};

@@ -1,0 +1,231 @@
+"""Unit tests of option parsing, device mapping, site policy, bundles and framing."""
+
+import json
+import os
+import socket
+
+import pytest
+
+from slurmbox.sandbox import bundle, devices, options
+from slurmbox.sandbox.launcher import recv_frame, send_frame
+from slurmbox.sandbox.supervisor import decode_status
+from slurmbox.site_config.compiled import SitePolicy, load_policy
+from slurmbox.site_config.model import SiteConfigError, load_site
+
+SCONTROL_DETAIL = """JobId=12 JobName=train
+   UserId=alice(1001) GroupId=alice(1001) MCS_label=N/A
+   NumNodes=2 NumCPUs=4 NumTasks=2 CPUs/Task=1 ReqB:S:C:T=0:0:*:*
+   TRES=cpu=4,mem=4000M,node=2,billing=4,gres/gpu=3
+     Nodes=n1 CPU_IDs=0-1 Mem=2000 GRES=gpu:h100:2(IDX:0-1)
+     Nodes=n2 CPU_IDs=0-1 Mem=2000 GRES=gpu:h100:1(IDX:1)
+   MinCPUsNode=1 MinMemoryNode=0 MinTmpDiskNode=0
+"""
+
+
+def test_parse_mounts_defaults_to_read_write_and_normalises():
+    mounts = options.parse_mounts("/data:/in:ro,/scratch/x/:/out")
+    assert mounts == [options.Mount("/data", "/in", True), options.Mount("/scratch/x", "/out", False)]
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("/a", "not SRC:DST"), ("a:/b", "not absolute"), ("/a:/b:rx", "not ro or rw"),
+    ("/a/../b:/c", "contains '..'"), ("/a:/", "replace the sandbox root"), ("/a:/b,", "empty mount entry"),
+])
+def test_parse_mounts_rejects_malformed_entries(text, needle):
+    with pytest.raises(options.OptionError) as err:
+        options.parse_mounts(text)
+    assert needle in str(err.value) and "--sandbox-mounts" in str(err.value)
+
+
+def test_command_line_wins_over_environment_and_null_means_no_value():
+    merged = options.merge_sources({"network": "none", "sandbox": "(null)"},
+                                   {"SLURMBOX_SANDBOX_NETWORK": "host", "SLURMBOX_SANDBOX_MOUNTS": "/a:/b"})
+    assert merged == {"network": "none", "sandbox": "", "mounts": "/a:/b"}
+
+
+def _policy(text):
+    from slurmbox.site_config.model import compile_policy
+    return compile_policy(text)
+
+
+SITE = """
+cluster: test
+profiles:
+  default: {}
+  strict: {network: none, allowed_networks: [none], allow_custom_image: false, allowed_mount_sources: [/data]}
+partitions:
+  secure: {sandbox: required, default_profile: strict}
+  cpu: {sandbox: forbidden}
+"""
+
+
+def test_resolve_applies_profiles_and_partition_policy():
+    policy = _policy(SITE)
+    request = options.resolve({"sandbox": ""}, policy, "secure")
+    assert request.profile == "strict" and request.network == "none"
+    with pytest.raises(options.OptionError, match="requires sandboxing"):
+        options.resolve({"sandbox": "", "no-sandbox": ""}, policy, "secure")
+    with pytest.raises(options.OptionError, match="does not allow sandboxed steps"):
+        options.resolve({"sandbox": ""}, policy, "cpu")
+    with pytest.raises(options.OptionError, match="allows only none"):
+        options.resolve({"sandbox": "strict", "network": "host"}, policy, "gpu")
+    with pytest.raises(options.OptionError, match="does not allow custom images"):
+        options.resolve({"sandbox": "strict", "image": "/"}, policy, "gpu")
+    with pytest.raises(options.OptionError, match="outside the profile's allowed mount sources"):
+        options.resolve({"sandbox": "strict", "mounts": "/tmp:/x"}, policy, "gpu")
+    assert options.resolve({"sandbox": "yes", "network": "host"}, policy, "gpu").network == "host"
+
+
+def test_site_config_errors_name_the_key_and_never_crash():
+    with pytest.raises(SiteConfigError) as err:
+        load_site("cluster: x\npartitions:\n  p: {sandbox: sometimes}\n")
+    assert "partitions.p.sandbox" in str(err.value)
+    with pytest.raises(SiteConfigError, match="line 2"):
+        load_site("cluster: x\n  bad: [\n")
+    with pytest.raises(SiteConfigError, match="not defined under profiles"):
+        load_site("cluster: x\npartitions:\n  p: {default_profile: ghost}\n")
+    with pytest.raises(SiteConfigError, match="expected a mapping"):
+        load_site("- just\n- a list\n")
+    with pytest.raises(SiteConfigError, match="Extra inputs"):
+        load_site("cluster: x\nprofiles:\n  default: {netwrk: none}\n")
+
+
+def test_compiled_policy_cache_follows_the_source(tmp_path):
+    source = tmp_path / "site.yaml"
+    source.write_text(SITE)
+    first = load_policy(str(source), str(tmp_path / "cache"))
+    assert first.partition("secure").sandbox == "required"
+    source.write_text(SITE.replace("sandbox: required", "sandbox: optional"))
+    assert load_policy(str(source), str(tmp_path / "cache")).partition("secure").sandbox == "optional"
+    assert load_policy("", str(tmp_path)).partition("any").sandbox == "optional"
+    assert SitePolicy.from_json(json.loads(json.dumps(first.to_json()))).to_json() == first.to_json()
+
+
+def test_gres_conf_files_and_scontrol_allocation_parsing():
+    gres = "NodeName=n[1-2] Name=gpu Type=h100 File=/dev/nvidia[0-3]\nNodeName=n3 Name=gpu File=/dev/nvidia0\n"
+    assert devices.gres_gpu_files(gres, "n2") == ["/dev/nvidia%d" % i for i in range(4)]
+    assert devices.gres_gpu_files(gres, "n3") == ["/dev/nvidia0"]
+    assert devices.job_gpu_indices(SCONTROL_DETAIL, "n1") == [0, 1]
+    assert devices.job_gpu_indices(SCONTROL_DETAIL, "n2") == [1]
+    assert devices.job_gpu_indices(SCONTROL_DETAIL, "n9") == []
+    assert devices.parse_index_list("0-2,5") == [0, 1, 2, 5]
+
+
+@pytest.fixture
+def fake_dev(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("mknod needs root")
+
+    def make(name, major=195, minor=0):
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.mknod(path, 0o666 | 0o020000, os.makedev(major, minor))
+        return str(path)
+    return make
+
+
+def test_nvidia_plan_needs_nvproxy_and_adds_control_devices(fake_dev):
+    gpu1 = fake_dev("nvidia1", minor=1)
+    fake_dev("nvidiactl", minor=255)
+    with pytest.raises(devices.DeviceError, match="--nvproxy"):
+        devices.plan_devices([gpu1], set())
+    plan = devices.plan_devices([gpu1], {"nvproxy"})
+    assert [d.path for d in plan.devices] == ["/dev/nvidiactl", "/dev/nvidia1"]
+    assert plan.runsc_flags == ["--nvproxy"] and plan.env == {"CUDA_VISIBLE_DEVICES": "0"}
+
+
+def test_amd_and_trainium_need_the_documented_weaker_mode(fake_dev):
+    render = fake_dev("dri/renderD128", major=226, minor=128)
+    fake_dev("kfd", major=511, minor=0)
+    with pytest.raises(devices.DeviceError, match="no amd device proxy"):
+        devices.plan_devices([render], {"nvproxy"})
+    plan = devices.plan_devices([render], set(), allow_unproxied=True)
+    assert [d.path for d in plan.devices] == ["/dev/kfd", "/dev/dri/renderD128"]
+    assert plan.env == {"ROCR_VISIBLE_DEVICES": "0"}
+    neuron = fake_dev("neuron0", major=240)
+    with pytest.raises(devices.DeviceError, match="no trainium device proxy"):
+        devices.plan_devices([neuron], set())
+
+
+def test_tpu_plan_uses_tpuproxy(fake_dev):
+    accel = fake_dev("accel0", major=121)
+    with pytest.raises(devices.DeviceError, match="--tpuproxy"):
+        devices.plan_devices([accel], {"nvproxy"})
+    assert devices.plan_devices([accel], {"tpuproxy"}).runsc_flags == ["--tpuproxy"]
+
+
+def test_mixed_or_unknown_device_names_are_refused(fake_dev):
+    with pytest.raises(devices.DeviceError, match="cannot tell the accelerator vendor"):
+        devices.plan_devices([fake_dev("weird0")], {"nvproxy"})
+
+
+def test_resolve_command_searches_path_inside_the_root(tmp_path):
+    (tmp_path / "usr" / "bin").mkdir(parents=True)
+    tool = tmp_path / "usr" / "bin" / "tool"
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    (tmp_path / "usr" / "bin" / "data").write_text("not executable")
+    root = str(tmp_path)
+    assert bundle.resolve_command("tool", "/nope:/usr/bin", root, "/") == "/usr/bin/tool"
+    with pytest.raises(bundle.CommandNotFound):
+        bundle.resolve_command("data", "/usr/bin", root, "/")
+    with pytest.raises(bundle.CommandNotFound):
+        bundle.resolve_command("sh", "/bin", root, "/")  # the host's /bin/sh is not in this root
+
+
+def test_path_reachable_follows_every_directory_on_the_way():
+    import pathlib
+    import shutil
+    import tempfile
+    base = pathlib.Path(tempfile.mkdtemp(dir="/tmp"))  # pytest's tmp_path sits under a 0700 directory
+    try:
+        _check_reachability(base)
+    finally:
+        shutil.rmtree(base)
+
+
+def _check_reachability(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    inner = locked / "open.txt"
+    inner.write_text("x")
+    inner.chmod(0o644)
+    locked.chmod(0o700)
+    os.chmod(tmp_path, 0o755)
+    assert not bundle.path_reachable(str(inner), 12345, [12345])
+    locked.chmod(0o711)
+    assert bundle.path_reachable(str(inner), 12345, [12345])
+    assert not bundle.path_reachable(str(inner), 12345, [12345], write=True)
+
+
+def test_spec_masks_private_host_dirs_and_drops_internal_variables():
+    request = options.SandboxRequest(profile="default")
+    process = bundle.process_spec(["/bin/true"], {"A": "1", "SLURMBOX_SUPERVISOR_SOCKET": "/x"}, "/", 5, 5, [6],
+                                  False, [])
+    spec = bundle.build_spec(process, request, "n1", ["/home/u/job"], [])
+    assert spec["process"]["env"] == ["A=1"]
+    assert spec["process"]["user"] == {"uid": 5, "gid": 5, "additionalGids": [6]}
+    destinations = [m["destination"] for m in spec["mounts"]]
+    assert "/root" in destinations and "/home" in destinations
+    assert destinations.index("/home") < destinations.index("/home/u/job")
+    assert {"type": "network"} in spec["linux"]["namespaces"]
+    host = bundle.build_spec(process, request, "n1", [], [], network="host")
+    assert {"type": "network"} not in host["linux"]["namespaces"]
+
+
+@pytest.mark.parametrize("code, expected", [(0, {"exit": 0}), (7, {"exit": 7}), (127, {"exit": 127}),
+                                            (143, {"signal": 15}), (-9, {"signal": 9})])
+def test_decode_status(code, expected):
+    assert decode_status(code) == expected
+
+
+def test_frames_carry_json_and_descriptors():
+    left, right = socket.socketpair()
+    read_end, write_end = os.pipe()
+    send_frame(left, {"argv": ["x"] * 1000}, fds=[write_end])
+    message, fds = recv_frame(right)
+    assert message == {"argv": ["x"] * 1000} and len(fds) == 1
+    os.write(fds[0], b"ok")
+    assert os.read(read_end, 2) == b"ok"
+    left.close()
+    assert recv_frame(right) == (None, [])
