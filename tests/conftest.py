@@ -52,9 +52,11 @@ class Cluster:
         full_env = self.env(**(env or {}))
         cmd = list(args)
         if user != "root":
-            cmd = ["runuser", "-u", user, "--", "env", "-i"] + ["%s=%s" % kv for kv in full_env.items()] + cmd
-        return subprocess.run(cmd, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout,
-                              input=input)
+            # The job's environment goes to the job only; runuser itself is found with a clean PATH.
+            cmd = ["/usr/sbin/runuser", "-u", user, "--", "/usr/bin/env", "-i"] + \
+                ["%s=%s" % kv for kv in full_env.items()] + cmd
+        return subprocess.run(cmd, cwd=cwd, env=full_env if user == "root" else self.env(), capture_output=True,
+                              text=True, timeout=timeout, input=input)
 
     def srun(self, *args, **kwargs):
         return self.run(["srun"] + list(args), **kwargs)

@@ -214,14 +214,24 @@ def test_interactive_pty_step_runs_inside_gvisor(cluster, workdir):
                     break
         return token in output
 
-    os.write(fd, b"python3 -c 'import os; print(\"TTY\", os.isatty(0))'; dmesg | head -1; echo DONE-$((6*7))\n")
-    assert read_until(b"DONE-42"), output
-    os.write(fd, b"exit 3\n")
+    try:
+        _converse(fd, read_until)
+    except BaseException:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        raise
     _, status = os.waitpid(pid, 0)
     os.close(fd)
     assert b"TTY True" in output
     assert GVISOR_BOOT.encode() in output
     assert os.waitstatus_to_exitcode(status) == 3
+
+
+def _converse(fd, read_until):
+    assert read_until(b"$ "), "no prompt from bash inside the sandbox"
+    os.write(fd, b"python3 -c 'import os; print(\"TTY\", os.isatty(0))'; dmesg | head -1; echo DONE-$((6*7))\n")
+    assert read_until(b"DONE-42"), "the command did not run"
+    os.write(fd, b"exit 3\n")
 
 
 @pytest.mark.parametrize("option, value, needle", [
@@ -233,13 +243,17 @@ def test_interactive_pty_step_runs_inside_gvisor(cluster, workdir):
 ])
 def test_bad_options_fail_before_the_program_starts(cluster, workdir, option, value, needle):
     marker = os.path.join(workdir, "ran")
+    before = set(cluster.step_dirs()) | set(cluster.runsc_containers())
     extra = [] if option == "--sandbox" else ["--sandbox"]
     result = cluster.srun(*extra, "%s=%s" % (option, value), "touch", marker, cwd=workdir)
     assert result.returncode != 0
     assert option in result.stderr and value in result.stderr and needle in result.stderr, result.stderr
     assert not os.path.exists(marker)
-    cluster.wait_for(lambda: not cluster.step_dirs() and not cluster.runsc_containers(), timeout=20,
-                     what="the failed step to leave nothing behind")
+    def leftovers():
+        return (set(cluster.step_dirs()) | set(cluster.runsc_containers())) - before
+
+    cluster.wait_for(lambda: not leftovers(), timeout=20,
+                     what=lambda: "the failed step to leave nothing behind: %s" % sorted(leftovers()))
 
 
 def test_multi_prog_is_refused_where_spank_cannot_wrap_it(cluster, workdir):
