@@ -229,3 +229,11 @@ def test_frames_carry_json_and_descriptors():
     assert os.read(read_end, 2) == b"ok"
     left.close()
     assert recv_frame(right) == (None, [])
+
+
+@pytest.mark.parametrize("name", sorted(os.listdir(os.path.join(os.path.dirname(__file__), "..", "site-configs"))))
+def test_example_site_configs_validate(name):
+    path = os.path.join(os.path.dirname(__file__), "..", "site-configs", name)
+    with open(path) as handle:
+        site = load_site(handle.read(), path)
+    assert site.profiles and site.partitions
