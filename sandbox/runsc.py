@@ -27,7 +27,7 @@ def find_runsc():
 
 
 def capabilities(runsc, cache_dir):
-    """``{"version": str, "flags": [names]}`` for the runsc binary at ``runsc``."""
+    """``{"version": str, "flags": [names], "platforms": [names]}`` for the runsc binary at ``runsc``."""
     info = os.stat(runsc)
     key = "%s:%d:%d" % (runsc, info.st_size, info.st_mtime_ns)
     cache = os.path.join(cache_dir, "runsc-capabilities.json")
@@ -42,7 +42,9 @@ def capabilities(runsc, cache_dir):
     flags = sorted(set(re.findall(r"^\s+-([a-z0-9][a-z0-9_-]*)", listing.stdout + listing.stderr, re.M)))
     version = subprocess.run([runsc, "--version"], capture_output=True, text=True, check=False).stdout
     first = version.splitlines()[0] if version else "unknown"
-    data = {"key": key, "version": first.replace("runsc version ", ""), "flags": flags}
+    platforms = subprocess.run([runsc, "help", "platforms"], capture_output=True, text=True, check=False).stdout
+    data = {"key": key, "version": first.replace("runsc version ", ""), "flags": flags,
+            "platforms": [p.strip() for p in platforms.splitlines() if p.strip()]}
     os.makedirs(cache_dir, exist_ok=True)
     tmp = "%s.%d" % (cache, os.getpid())
     with open(tmp, "w") as handle:
@@ -54,3 +56,25 @@ def capabilities(runsc, cache_dir):
 def global_args(runsc, state_root, platform, network, extra_flags=()):
     """The runsc command prefix: binary and global flags (runsc(8) ``runsc flags``)."""
     return [runsc, "--root", state_root, "--platform", platform, "--network", network, *extra_flags]
+
+
+#: Preferred platforms when a profile says "auto": systrap (gVisor's default since
+#: 2023) where this runsc has it, else ptrace. KVM needs /dev/kvm and is opt-in.
+AUTO_PLATFORMS = ("systrap", "ptrace")
+
+
+def choose_platform(requested, caps):
+    """The runsc platform for a profile's ``requested`` one ("auto" or a name).
+
+    Raises RunscError when the named platform is not in this runsc.
+    """
+    known = caps.get("platforms") or ["ptrace"]
+    if requested == "auto":
+        for name in AUTO_PLATFORMS:
+            if name in known:
+                return name
+        return known[0]
+    if requested not in known:
+        raise RunscError("the site profile asks for runsc platform %r, which runsc %s does not have (it has: %s)"
+                         % (requested, caps.get("version", "?"), ", ".join(known)))
+    return requested

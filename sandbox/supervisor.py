@@ -120,7 +120,8 @@ class Supervisor:
         caps = runsc.capabilities(runsc_path, self.node_dir)
         plan = devices.plan_devices(self._allocated_device_files(task_env), set(caps["flags"]),
                                     profile.allow_unproxied_devices, strict=not request.dry_run)
-        prefix = runsc.global_args(runsc_path, self.state_root, profile.platform, request.network,
+        platform = runsc.choose_platform(profile.platform, caps)
+        prefix = runsc.global_args(runsc_path, self.state_root, platform, request.network,
                                    list(profile.runsc_flags) + plan.runsc_flags)
         return request, plan, prefix, groups
 

@@ -19,13 +19,14 @@ COMPILED_FORMAT = 1
 class Profile:
     """A sandbox profile: default ``network`` mode, ``allowed_networks``,
     ``allowed_mount_sources`` (host path prefixes; empty = any the user can
-    reach), ``allow_custom_image``, runsc ``platform`` and extra ``runsc_flags``."""
+    reach), ``allow_custom_image``, runsc ``platform`` ("auto": systrap where
+    available, else ptrace) and extra ``runsc_flags``."""
 
     network: str = "none"
     allowed_networks: tuple = ("none", "sandbox", "host")
     allowed_mount_sources: tuple = ()
     allow_custom_image: bool = True
-    platform: str = "ptrace"
+    platform: str = "auto"
     runsc_flags: tuple = ()
     allow_unproxied_devices: bool = False
 

@@ -39,7 +39,7 @@ class ProfileModel(_Strict):
     allowed_networks: List[NetworkMode] = ["none", "sandbox", "host"]
     allowed_mount_sources: List[str] = []
     allow_custom_image: bool = True
-    platform: Literal["ptrace", "systrap", "kvm"] = "ptrace"
+    platform: Literal["auto", "ptrace", "systrap", "kvm"] = "auto"
     runsc_flags: List[str] = []
     allow_unproxied_devices: bool = False
 

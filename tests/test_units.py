@@ -237,3 +237,11 @@ def test_example_site_configs_validate(name):
     with open(path) as handle:
         site = load_site(handle.read(), path)
     assert site.profiles and site.partitions
+
+
+def test_platform_auto_prefers_systrap_and_named_platforms_must_exist():
+    from slurmbox.sandbox.runsc import RunscError, choose_platform
+    assert choose_platform("auto", {"platforms": ["kvm", "ptrace"]}) == "ptrace"
+    assert choose_platform("auto", {"platforms": ["kvm", "ptrace", "systrap"]}) == "systrap"
+    with pytest.raises(RunscError, match="systrap"):
+        choose_platform("systrap", {"platforms": ["kvm", "ptrace"], "version": "0.0~20221219.0"})
