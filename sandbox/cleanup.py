@@ -56,7 +56,7 @@ def remove_step(step_dir, runtime_dir):
         binary = runsc.find_runsc()
     except runsc.RunscError:
         binary = None
-    if binary and os.path.isdir(os.path.join(state_root, container)) or binary and _listed(binary, state_root, container):
+    if binary and _has_state(state_root, container):
         # Pipes, not /dev/null: runsc may chown the stdio it is given (see stdio_relay).
         quiet = {"capture_output": True, "check": False}
         subprocess.run([binary, "--root", state_root, "kill", "--all", container, "KILL"], **quiet)
@@ -64,11 +64,18 @@ def remove_step(step_dir, runtime_dir):
     shutil.rmtree(step_dir, ignore_errors=True)
 
 
-def _listed(binary, state_root, container):
-    if not os.path.isdir(state_root):
+def _has_state(state_root, container):
+    """True when runsc keeps state for ``container`` under ``state_root``.
+
+    runsc names it ``<id>/`` (older releases) or ``<id>_sandbox:<id>.state``
+    and ``.lock`` files (seen with the 2022 build); checking the directory
+    avoids starting runsc when ``runsc run`` already cleaned up after itself.
+    """
+    try:
+        entries = os.listdir(state_root)
+    except OSError:
         return False
-    listing = subprocess.run([binary, "--root", state_root, "list", "--quiet"], capture_output=True, text=True)
-    return container in listing.stdout.split()
+    return any(name == container or name.startswith(container + "_") for name in entries)
 
 
 def main(argv=None):

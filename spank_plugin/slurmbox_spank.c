@@ -19,6 +19,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <stdint.h>
@@ -412,11 +413,38 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 	return 0;
 }
 
+/*
+ * Wait up to two seconds for the supervisor (not our child: it was double
+ * forked) to finish its own teardown. True when it has exited and removed the
+ * step directory, so the Python cleanup need not start.
+ */
+static int supervisor_finished(void)
+{
+	char pidpath[1100], text[32] = "";
+	snprintf(pidpath, sizeof(pidpath), "%s/supervisor.pid", step_dir);
+	int fd = open(pidpath, O_RDONLY | O_CLOEXEC);
+	if (fd >= 0) {
+		ssize_t n = read(fd, text, sizeof(text) - 1);
+		close(fd);
+		text[n > 0 ? n : 0] = '\0';
+	}
+	pid_t pid = (pid_t)atoi(text);
+	for (int waited_ms = 0; pid > 0 && waited_ms < 2000; waited_ms += 2) {
+		if (kill(pid, 0) != 0 && errno == ESRCH)
+			break;
+		usleep(2000);
+	}
+	struct stat st;
+	return stat(step_dir, &st) != 0 && errno == ENOENT;
+}
+
 int slurm_spank_exit(spank_t sp, int ac, char **av)
 {
 	(void)sp; (void)ac; (void)av;
 	if (!sandboxed || !step_dir[0] || spank_context() != S_CTX_REMOTE)
 		return 0;
+	if (supervisor_finished())
+		return 0; /* it tore the sandbox down itself: nothing to clean */
 	char *argv[] = {conf_python, "-I", "-m", "slurmbox.sandbox.cleanup", "--step-dir", step_dir,
 			"--runtime-dir", conf_runtime_dir, NULL};
 	char *envp[] = {"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8", NULL};

@@ -106,6 +106,15 @@ class Cluster:
         return out or "GONE"
 
 
+def _free_subnet():
+    """A dev-cluster subnet number no other cluster on this machine uses (bridge sbxNbr absent)."""
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    for number in range(20, 250):
+        if " sbx%dbr:" % number not in links and " sbx%dbr@" % number not in links:
+            return number
+    raise RuntimeError("no free dev-cluster subnet")
+
+
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory):
     reason = _cluster_skip_reason()
@@ -114,7 +123,7 @@ def cluster(tmp_path_factory):
     from slurmbox.dev_cluster.cluster import DevCluster
 
     directory = "/tmp/sbxt-%s" % uuid.uuid4().hex[:6]
-    dev = DevCluster(directory, nodes=2, gpus_per_node=2, subnet=9, prefix=PREFIX)
+    dev = DevCluster(directory, nodes=2, gpus_per_node=2, subnet=_free_subnet(), prefix=PREFIX)
     dev.up()
     try:
         yield Cluster(dev)
