@@ -288,6 +288,8 @@ partitions:
             while _alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.05)
             _signal(pid, signal.SIGKILL)
+        for pid in self._step_processes():  # slurmstepd outlives slurmd: kill this cluster's steps
+            _signal(pid, signal.SIGKILL)
         if os.path.isdir(self.runtime_dir):
             from slurmbox.sandbox.cleanup import remove_step
             for node in os.listdir(self.runtime_dir):
@@ -297,6 +299,21 @@ partitions:
                         remove_step(os.path.join(node_dir, entry), self.runtime_dir)
         self._remove_network()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _step_processes(self):
+        """Pids of processes started by this cluster's slurmd (their environment names our slurm.conf)."""
+        needle = ("SLURM_CONF=%s" % self.conf).encode()
+        found = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open("/proc/%s/environ" % entry, "rb") as handle:
+                    if needle in handle.read().split(b"\0"):
+                        found.append(int(entry))
+            except OSError:
+                continue
+        return [pid for pid in found if pid != os.getpid()]
 
     def _remove_network(self):
         for index, node in enumerate(self.node_names, start=1):
