@@ -301,19 +301,30 @@ partitions:
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def _step_processes(self):
-        """Pids of processes started by this cluster's slurmd (their environment names our slurm.conf)."""
+        """Pids of this cluster's slurmstepd processes (environment names our slurm.conf) and their descendants."""
         needle = ("SLURM_CONF=%s" % self.conf).encode()
-        found = []
+        parents, stepds = {}, set()
         for entry in os.listdir("/proc"):
             if not entry.isdigit():
                 continue
             try:
+                with open("/proc/%s/stat" % entry) as handle:
+                    parents[int(entry)] = int(handle.read().rsplit(")", 1)[1].split()[1])
+                with open("/proc/%s/cmdline" % entry, "rb") as handle:
+                    if not handle.read().startswith(b"slurmstepd"):
+                        continue
                 with open("/proc/%s/environ" % entry, "rb") as handle:
                     if needle in handle.read().split(b"\0"):
-                        found.append(int(entry))
-            except OSError:
+                        stepds.add(int(entry))
+            except (OSError, IndexError, ValueError):
                 continue
-        return [pid for pid in found if pid != os.getpid()]
+        found = set(stepds)
+        grew = True
+        while grew:
+            children = {pid for pid, parent in parents.items() if parent in found} - found
+            found |= children
+            grew = bool(children)
+        return sorted(found)
 
     def _remove_network(self):
         for index, node in enumerate(self.node_names, start=1):
