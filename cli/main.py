@@ -1,8 +1,6 @@
 """``slurmbox`` command line: plugin install, dev cluster, sandbox listing."""
 
 import json
-import os
-import sys
 
 import click
 

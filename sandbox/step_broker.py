@@ -23,6 +23,7 @@ import threading
 
 from slurmbox.sandbox.bundle import path_reachable
 from slurmbox.sandbox.launcher import recv_frame, send_frame
+from slurmbox.sandbox.peer_signals import follow_peer
 
 #: Where the broker directory appears inside the batch sandbox.
 BROKER_MOUNT = "/run/slurmbox-broker"
@@ -117,26 +118,7 @@ class StepBroker:
             stderr=self.stdio[2], user=self.uid, group=self.gid, extra_groups=self.groups,
             start_new_session=True, close_fds=True)
         done = threading.Event()
-
-        def forward_signals():
-            while not done.is_set():
-                try:
-                    message, extra = recv_frame(conn)
-                except (OSError, ValueError):
-                    message, extra = None, []
-                for fd in extra:
-                    os.close(fd)
-                if message is None:
-                    if not done.is_set():
-                        proc.kill()
-                    return
-                if "signal" in message and not done.is_set():
-                    try:
-                        proc.send_signal(int(message["signal"]))
-                    except (OSError, ValueError):
-                        pass
-
-        threading.Thread(target=forward_signals, daemon=True).start()
+        follow_peer(conn, done, proc.send_signal, proc.kill)
         code = proc.wait()
         done.set()
         return {"signal": -code} if code < 0 else {"exit": code}

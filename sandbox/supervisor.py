@@ -27,6 +27,7 @@ import traceback
 
 from slurmbox.sandbox import bundle, devices, options, runsc
 from slurmbox.sandbox.launcher import EXIT_SANDBOX_FAILED, recv_frame, send_frame
+from slurmbox.sandbox.peer_signals import follow_peer
 from slurmbox.sandbox.stdio_relay import StdioRelay
 
 #: Holder init for multi-task sandboxes: blocks reading its stdin, a pipe the
@@ -306,25 +307,14 @@ class Supervisor:
     def _relay(self, conn, proc, prefix, kill_args, relay):
         finished = threading.Event()
 
-        def watch_launcher():
-            while not finished.is_set():
-                try:
-                    message, extra = recv_frame(conn)
-                except (OSError, ValueError):
-                    message, extra = None, []
-                for fd in extra:
-                    os.close(fd)
-                if message is None:  # launcher gone (killed): the task must not outlive it
-                    if not finished.is_set():
-                        self._kill(prefix, kill_args, signal.SIGKILL)
-                    return
-                if message.get("signal") == signal.SIGWINCH:
-                    relay.resize()  # the inner pty signals its foreground group itself
-                elif "signal" in message and not finished.is_set():
-                    self._kill(prefix, kill_args, int(message["signal"]))
+        def on_signal(signum):
+            if signum == signal.SIGWINCH:
+                relay.resize()  # the inner pty signals its foreground group itself
+            else:
+                self._kill(prefix, kill_args, signum)
 
-        watcher = threading.Thread(target=watch_launcher, daemon=True)
-        watcher.start()
+        # A launcher that disappears was killed (SIGKILL): the task must not outlive it.
+        follow_peer(conn, finished, on_signal, lambda: self._kill(prefix, kill_args, signal.SIGKILL))
         status = decode_status(proc.wait())
         finished.set()
         relay.finish()

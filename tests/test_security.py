@@ -5,7 +5,7 @@ import glob
 import os
 import subprocess
 
-import pytest
+
 
 EVIL_SO = r"""
 #include <stdio.h>
