@@ -67,9 +67,12 @@ def dev_cluster_up(nodes, gpus_per_node, subnet, prefix, directory):
     from slurmbox.dev_cluster.cluster import DevCluster, DevClusterError
 
     try:
-        conf = DevCluster(directory, nodes, gpus_per_node, subnet, prefix).up()
+        cluster = DevCluster(directory, nodes, gpus_per_node, subnet, prefix)
+        conf = cluster.up()
     except DevClusterError as err:
         raise click.ClickException(str(err))
+    click.echo("dev cluster up: nodes %s, partitions ondemand (default), spot, secure (sandbox required); "
+               "state in %s" % (",".join(cluster.node_names), directory), err=True)
     click.echo("export SLURM_CONF=%s" % conf)
 
 
@@ -83,6 +86,7 @@ def dev_cluster_down(directory):
         DevCluster.load(directory).down()
     except DevClusterError as err:
         raise click.ClickException(str(err))
+    click.echo("dev cluster in %s stopped and removed" % directory)
 
 
 @dev_cluster.command("status")

@@ -166,10 +166,12 @@ def proxy_main():
     if not broker:
         sys.stderr.write("slurmbox: srun is not available inside this sandbox (no step broker)\n")
         os._exit(EXIT_SANDBOX_FAILED)
-    path = os.path.join(broker, "%d-%s.sock" % (os.getpid(), os.urandom(6).hex()))
+    name = "%d-%s" % (os.getpid(), os.urandom(6).hex())
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
+    listener.bind(os.path.join(broker, name + ".tmp"))
     listener.listen(1)
+    # The broker picks up only *.sock names: rename once the socket listens.
+    os.rename(os.path.join(broker, name + ".tmp"), os.path.join(broker, name + ".sock"))
     conn, _addr = listener.accept()
     listener.close()
     try:

@@ -34,7 +34,8 @@ class OptionError(ValueError):
 
     def __init__(self, option, value, problem):
         self.option, self.value, self.problem = option, value, problem
-        super().__init__("%s=%r: %s" % (FLAG_NAMES.get(option, option), value, problem))
+        flag = FLAG_NAMES.get(option, option)
+        super().__init__("%s: %s" % ("%s=%r" % (flag, value) if value else flag, problem))
 
 
 @dataclass(frozen=True)

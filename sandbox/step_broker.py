@@ -87,7 +87,7 @@ class StepBroker:
     def _serve(self, path):
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            conn.connect(path)
+            conn.connect(path)  # the proxy renames its socket to *.sock only once it listens
             request, fds = recv_frame(conn)
             for fd in fds:  # nothing may be passed in from the sandbox
                 os.close(fd)

@@ -220,10 +220,13 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 	getenv_job(sp, "SLURM_JOB_PARTITION", partition, sizeof(partition));
 	int required = in_list(conf_required, partition);
 	int env_wants = getenv_job(sp, "SLURMBOX_SANDBOX", envbuf, sizeof(envbuf)) && env_truthy(envbuf);
+	/* Any --sandbox-* option asks for a sandbox as --sandbox does. */
+	int option_wants = opt_given[O_SANDBOX] || opt_given[O_IMAGE] || opt_given[O_MOUNTS] ||
+			   opt_given[O_WORKDIR] || opt_given[O_NETWORK] || opt_given[O_DRY_RUN];
 	if (opt_given[O_NO_SANDBOX])
 		sandboxed = required; /* the supervisor refuses it with a message */
 	else
-		sandboxed = opt_given[O_SANDBOX] || env_wants || required;
+		sandboxed = option_wants || env_wants || required;
 	if (!sandboxed)
 		return 0;
 

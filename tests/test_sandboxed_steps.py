@@ -76,6 +76,12 @@ def test_no_sandbox_is_honoured_or_refused_by_partition_policy(cluster, workdir)
     assert GVISOR_BOOT in required.stdout  # sandboxed without asking
 
 
+def test_any_sandbox_option_implies_a_sandbox(cluster, workdir):
+    result = cluster.srun("--sandbox-network=none", "dmesg", cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    assert GVISOR_BOOT in result.stdout
+
+
 def test_environment_fallback_and_command_line_precedence(cluster, workdir):
     by_env = cluster.srun("dmesg", cwd=workdir, env={"SLURMBOX_SANDBOX": "default"})
     assert GVISOR_BOOT in by_env.stdout
