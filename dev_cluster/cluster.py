@@ -102,6 +102,11 @@ class DevCluster:
         if os.path.exists(os.path.join(self.dir, STATE_FILE)):
             raise DevClusterError("a dev cluster already uses %s; run 'slurmbox dev-cluster down --dir %s'"
                                   % (self.dir, self.dir))
+        if os.path.lexists(self.dir):
+            info = os.lstat(self.dir)
+            if not os.path.isdir(self.dir) or os.path.islink(self.dir) or info.st_uid != 0 or info.st_mode & 0o022:
+                raise DevClusterError("%s exists and is not a root-owned directory writable only by root; "
+                                      "remove it or choose another --dir" % self.dir)
         for sub in ("etc", "state", "log", "pid", "dev", "run/slurmbox"):
             os.makedirs(os.path.join(self.dir, sub), exist_ok=True)
         for path in (self.dir, os.path.join(self.dir, "etc"), os.path.join(self.dir, "run"), self.runtime_dir):

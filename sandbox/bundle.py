@@ -62,11 +62,14 @@ def user_identity(uid, gid):
     return uid, gid, groups
 
 
-def current_rlimits():
-    """The task's rlimits as OCI ``process.rlimits`` (values of the calling process)."""
+def process_rlimits(pid):
+    """The rlimits of process ``pid`` (the task's launcher) as OCI ``process.rlimits``."""
     limits = []
     for name, which in _RLIMITS:
-        soft, hard = resource.getrlimit(which)
+        try:
+            soft, hard = resource.prlimit(pid, which)
+        except OSError:
+            soft, hard = resource.getrlimit(which)
         maximum = 2 ** 64 - 1
         limits.append({"type": name, "soft": maximum if soft < 0 else soft, "hard": maximum if hard < 0 else hard})
     return limits

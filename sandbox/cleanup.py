@@ -23,7 +23,7 @@ def container_id_of(step_dir):
     return "slurmbox-" + os.path.basename(os.path.normpath(step_dir))
 
 
-def _stop_supervisor(step_dir):
+def _stop_supervisor(step_dir, *aliases):
     try:
         with open(os.path.join(step_dir, "supervisor.pid")) as handle:
             pid = int(handle.read().strip())
@@ -33,8 +33,10 @@ def _stop_supervisor(step_dir):
         return
     try:
         with open("/proc/%d/cmdline" % pid, "rb") as handle:
-            if b"slurmbox.sandbox.supervisor" not in handle.read():
-                return  # pid reused by something else
+            cmdline = handle.read().split(b"\0")
+        names = {step_dir.encode()} | {alias.encode() for alias in aliases}
+        if b"slurmbox.sandbox.supervisor" not in cmdline or not names.intersection(cmdline):
+            return  # pid reused by something else
         os.kill(pid, signal.SIGKILL)
     except OSError:
         pass
@@ -46,10 +48,10 @@ def remove_step(step_dir, runtime_dir):
     Refuses paths outside ``runtime_dir`` (raises ValueError). Safe to call
     repeatedly and concurrently.
     """
-    step_dir = os.path.realpath(step_dir)
+    given, step_dir = step_dir, os.path.realpath(step_dir)
     if not step_dir.startswith(os.path.realpath(runtime_dir) + os.sep):
         raise ValueError("%s is not inside the runtime directory %s" % (step_dir, runtime_dir))
-    _stop_supervisor(step_dir)
+    _stop_supervisor(step_dir, given)
     state_root = os.path.join(os.path.dirname(step_dir), runsc.RUNSC_STATE_SUBDIR)
     container = container_id_of(step_dir)
     try:

@@ -110,12 +110,19 @@ def gres_gpu_files(gres_conf_text, node):
     return files
 
 
+#: More device indices than any node has; bounds what untrusted text may ask for.
+MAX_DEVICE_INDEX = 1024
+
+
 def parse_index_list(text):
-    """``"0-2,5"`` -> [0, 1, 2, 5]. Raises ValueError on anything else."""
+    """``"0-2,5"`` -> [0, 1, 2, 5]. Raises ValueError on anything else or indices >= MAX_DEVICE_INDEX."""
     indices = []
     for part in filter(None, text.split(",")):
         low, _, high = part.partition("-")
-        indices.extend(range(int(low), int(high or low) + 1))
+        low, high = int(low), int(high or low)
+        if not 0 <= low <= high < MAX_DEVICE_INDEX:
+            raise ValueError("index range %r out of bounds" % part)
+        indices.extend(range(low, high + 1))
     return indices
 
 

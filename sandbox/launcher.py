@@ -28,6 +28,10 @@ FORWARDED_SIGNALS = (
 )
 #: Exit code for "the sandbox could not run the command" (docker/podman use 125 alike).
 EXIT_SANDBOX_FAILED = 125
+#: Seconds srun's proxy waits for the step broker to connect.
+BROKER_TIMEOUT = 30
+#: Signals whose default action stops rather than terminates (signal(7)).
+_STOP_SIGNALS = (signal.SIGSTOP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
 _HEADER = struct.Struct(">I")
 MAX_FRAME = 16 << 20
 
@@ -92,10 +96,15 @@ def _exit_like(result):
     sys.stdout.flush()
     if "signal" in result:
         signum = int(result["signal"])
-        for sig in FORWARDED_SIGNALS:
-            signal.signal(sig, signal.SIG_DFL)
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
+        if 0 < signum < signal.NSIG and signum not in _STOP_SIGNALS and signum != signal.SIGCONT:
+            for sig in FORWARDED_SIGNALS:
+                signal.signal(sig, signal.SIG_DFL)
+            try:
+                signal.signal(signum, signal.SIG_DFL)  # SIGKILL cannot be caught, nor reset
+            except (OSError, ValueError):
+                pass
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [signum])
+            os.kill(os.getpid(), signum)
         os._exit(128 + signum)
     os._exit(int(result.get("exit", EXIT_SANDBOX_FAILED)))
 
@@ -166,13 +175,18 @@ def proxy_main():
     if not broker:
         sys.stderr.write("slurmbox: srun is not available inside this sandbox (no step broker)\n")
         os._exit(EXIT_SANDBOX_FAILED)
-    name = "%d-%s" % (os.getpid(), os.urandom(6).hex())
+    path = os.path.join(broker, "%d-%s.sock" % (os.getpid(), os.urandom(6).hex()))
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(os.path.join(broker, name + ".tmp"))
+    listener.bind(path)
     listener.listen(1)
-    # The broker picks up only *.sock names: rename once the socket listens.
-    os.rename(os.path.join(broker, name + ".tmp"), os.path.join(broker, name + ".sock"))
-    conn, _addr = listener.accept()
+    listener.settimeout(BROKER_TIMEOUT)
+    try:
+        conn, _addr = listener.accept()
+    except OSError:
+        sys.stderr.write("slurmbox: the step broker did not answer within %d s; srun cannot run from this "
+                         "sandbox\n" % BROKER_TIMEOUT)
+        os._exit(EXIT_SANDBOX_FAILED)
+    conn.settimeout(None)
     listener.close()
     try:
         cwd = os.getcwd()

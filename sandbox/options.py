@@ -10,6 +10,9 @@ import os
 from dataclasses import dataclass, field
 
 NETWORK_MODES = ("none", "sandbox", "host")
+#: Host trees never bound into a sandbox: kernel interfaces and device nodes
+#: (devices come only from the allocation) and slurmbox's own runtime state.
+FORBIDDEN_MOUNT_SOURCES = ("/proc", "/sys", "/dev", "/run/slurmbox")
 
 #: option name (as the shim passes it) -> environment fallback variable.
 ENV_FALLBACKS = {
@@ -155,17 +158,25 @@ def resolve(options, policy, partition, partition_requires=False):
         if not image.startswith("/") or not os.path.isdir(image):
             raise OptionError("image", image, "not an existing directory (give the absolute path of a "
                               "root file system directory)")
-        request.image = os.path.normpath(image)
+        request.image = os.path.realpath(image)
     if options.get("mounts"):
         request.mounts = parse_mounts(options["mounts"])
+        resolved = []
         for mount in request.mounts:
-            if not os.path.exists(mount.source):
+            source = os.path.realpath(mount.source)  # judge and mount what a symlink points at
+            if source == "/" or any(source == p or source.startswith(p + "/") for p in FORBIDDEN_MOUNT_SOURCES):
+                raise OptionError("mounts", options["mounts"], "source %r is a system directory that cannot be "
+                                  "mounted into a sandbox" % mount.source)
+            if not os.path.exists(source):
                 raise OptionError("mounts", options["mounts"], "source %r does not exist" % mount.source)
+            mount = Mount(source, mount.destination, mount.read_only)
+            resolved.append(mount)
             if profile.allowed_mount_sources and not any(
                     mount.source == prefix or mount.source.startswith(prefix.rstrip("/") + "/")
                     for prefix in profile.allowed_mount_sources):
                 raise OptionError("mounts", options["mounts"], "source %r is outside the profile's allowed "
                                   "mount sources (%s)" % (mount.source, ", ".join(profile.allowed_mount_sources)))
+        request.mounts = resolved
     if options.get("workdir"):
         workdir = options["workdir"]
         if not workdir.startswith("/") or ".." in workdir.split("/"):

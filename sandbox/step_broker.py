@@ -20,8 +20,8 @@ import socket
 import stat
 import subprocess
 import threading
+import time
 
-from slurmbox.sandbox.bundle import path_reachable
 from slurmbox.sandbox.launcher import recv_frame, send_frame
 from slurmbox.sandbox.peer_signals import follow_peer
 
@@ -29,6 +29,12 @@ from slurmbox.sandbox.peer_signals import follow_peer
 BROKER_MOUNT = "/run/slurmbox-broker"
 #: How often the broker directory is scanned for new requests (seconds).
 SCAN_INTERVAL = 0.02
+#: How long a proxy socket may take from bind() to listen() (seconds).
+CONNECT_GRACE = 2.0
+#: Environment that would steer the host's srun process itself (ld.so(8), iconv(3), malloc).
+DROPPED_PREFIXES = ("LD_", "MALLOC_", "GLIBC_", "SLURMBOX_", "_SLURM_SPANK_")
+DROPPED_VARIABLES = ("GCONV_PATH", "HOSTALIASES", "LOCPATH", "NLSPATH", "RESOLV_HOST_CONF", "RES_OPTIONS",
+                     "TMPDIR", "TZDIR", "SLURM_CONF")
 
 
 class StepBroker:
@@ -37,12 +43,13 @@ class StepBroker:
     ``directory``: host directory bound at BROKER_MOUNT (owned by the job
     user); ``uid``/``gid``/``groups``: the job user's identity; ``stdio``:
     (stdin, stdout, stderr) descriptors of the batch step; ``fallback_cwd``:
-    host directory used when the requested cwd is not reachable;
-    ``slurm_conf``: SLURM_CONF of this node.
+    the batch step's working directory; ``slurm_conf``: SLURM_CONF of this
+    node; ``job``: the job id srun must act on.
     """
 
-    def __init__(self, directory, uid, gid, groups, stdio, fallback_cwd, slurm_conf):
+    def __init__(self, directory, uid, gid, groups, stdio, fallback_cwd, slurm_conf, job):
         self.directory = directory
+        self.job = str(job)
         self.uid, self.gid, self.groups = uid, gid, list(groups)
         self.stdio = stdio
         self.fallback_cwd = fallback_cwd
@@ -52,12 +59,12 @@ class StepBroker:
         self.seen = set()
 
     @classmethod
-    def create(cls, step_dir, uid, gid, groups, stdio, fallback_cwd, slurm_conf):
+    def create(cls, step_dir, uid, gid, groups, stdio, fallback_cwd, slurm_conf, job):
         """Make the broker directory under ``step_dir`` (mode 0700, owned by ``uid``)."""
         directory = os.path.join(step_dir, "broker")
         os.makedirs(directory, mode=0o700, exist_ok=True)
         os.chown(directory, uid, gid)
-        return cls(directory, uid, gid, groups, stdio, fallback_cwd, slurm_conf)
+        return cls(directory, uid, gid, groups, stdio, fallback_cwd, slurm_conf, job)
 
     def start(self):
         """Start scanning for requests in a daemon thread."""
@@ -77,17 +84,40 @@ class StepBroker:
                 if entry.name in self.seen or not entry.name.endswith(".sock"):
                     continue
                 self.seen.add(entry.name)
+                threading.Thread(target=self._serve, args=(entry.path,), daemon=True).start()
+
+    def _connect(self, path):
+        """Connect to the proxy's socket at ``path`` without following links.
+
+        The directory belongs to the job's user, who could swap the name for a
+        symlink to another job's socket: the socket inode is pinned with
+        O_PATH|O_NOFOLLOW, checked (a socket, owned by the job's user) and
+        connected through /proc/self/fd. The proxy may not be listening yet
+        (bind comes before listen): retry briefly on ECONNREFUSED.
+        """
+        pinned = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            info = os.fstat(pinned)
+            if not stat.S_ISSOCK(info.st_mode) or info.st_uid != self.uid:
+                raise PermissionError("%s is not a socket of uid %d" % (path, self.uid))
+            deadline = time.monotonic() + CONNECT_GRACE
+            while True:
+                conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
                 try:
-                    info = os.lstat(entry.path)
-                except OSError:
-                    continue
-                if stat.S_ISSOCK(info.st_mode) and info.st_uid == self.uid:
-                    threading.Thread(target=self._serve, args=(entry.path,), daemon=True).start()
+                    conn.connect("/proc/self/fd/%d" % pinned)
+                    return conn
+                except ConnectionRefusedError:
+                    conn.close()
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(SCAN_INTERVAL)
+        finally:
+            os.close(pinned)
 
     def _serve(self, path):
-        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn = None
         try:
-            conn.connect(path)  # the proxy renames its socket to *.sock only once it listens
+            conn = self._connect(path)
             request, fds = recv_frame(conn)
             for fd in fds:  # nothing may be passed in from the sandbox
                 os.close(fd)
@@ -98,25 +128,34 @@ class StepBroker:
         except (OSError, ValueError):
             pass
         finally:
-            conn.close()
+            if conn is not None:
+                conn.close()
             try:
                 os.unlink(path)
             except OSError:
                 pass
 
     def _environment(self, requested):
-        env = {k: str(v) for k, v in dict(requested).items() if not k.startswith("SLURMBOX_STEP_BROKER")}
-        env["SLURM_CONF"] = self.slurm_conf
+        """The real srun's environment: the sandbox's, minus what would steer srun itself.
+
+        srun runs on the host as the job's user: loader variables (LD_*,
+        GCONV_PATH, ...) would run code from the sandbox outside it, so they are
+        dropped (the step does not get them either); the job id and Slurm
+        configuration are this job's, whatever the sandbox says.
+        """
+        env = {str(k): str(v) for k, v in dict(requested).items()
+               if not str(k).startswith(DROPPED_PREFIXES) and str(k) not in DROPPED_VARIABLES}
+        env.update({"SLURM_CONF": self.slurm_conf, "SLURM_JOB_ID": self.job, "SLURM_JOBID": self.job})
         return env
 
     def _run_srun(self, conn, request):
-        cwd = request.get("cwd") or self.fallback_cwd
-        if not (os.path.isdir(cwd) and path_reachable(cwd, self.uid, [self.gid] + self.groups)):
-            cwd = self.fallback_cwd
-        proc = subprocess.Popen([self.srun] + [str(a) for a in request["argv"][1:]], env=self._environment(
-            request.get("env", {})), cwd=cwd, stdin=subprocess.DEVNULL, stdout=self.stdio[1],
-            stderr=self.stdio[2], user=self.uid, group=self.gid, extra_groups=self.groups,
-            start_new_session=True, close_fds=True)
+        cwd = str(request.get("cwd") or self.fallback_cwd)
+        # env(1) changes directory after the switch to the job's user, so the
+        # kernel checks the user's own access (Popen's cwd= would chdir as root).
+        argv = ["/usr/bin/env", "--chdir=%s" % cwd, self.srun] + [str(a) for a in request["argv"][1:]]
+        proc = subprocess.Popen(argv, env=self._environment(request.get("env", {})), stdin=subprocess.DEVNULL,
+                                stdout=self.stdio[1], stderr=self.stdio[2], user=self.uid, group=self.gid,
+                                extra_groups=self.groups, start_new_session=True, close_fds=True, cwd="/")
         done = threading.Event()
         follow_peer(conn, done, proc.send_signal, proc.kill)
         code = proc.wait()

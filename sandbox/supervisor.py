@@ -23,7 +23,6 @@ import struct
 import subprocess
 import sys
 import threading
-import traceback
 
 from slurmbox.sandbox import bundle, devices, options, runsc
 from slurmbox.sandbox.launcher import EXIT_SANDBOX_FAILED, recv_frame, send_frame
@@ -94,6 +93,7 @@ class Supervisor:
                 except (options.OptionError, devices.DeviceError, runsc.RunscError) as err:
                     self.prepared = StepFailure(str(err))
                 except Exception as err:  # keep the message; never leave the task hanging
+                    import traceback
                     traceback.print_exc()
                     self.prepared = StepFailure("internal error preparing the sandbox: %s" % err)
             if isinstance(self.prepared, StepFailure):
@@ -116,6 +116,10 @@ class Supervisor:
                 raise options.OptionError("mounts", "%s:%s" % (mount.source, mount.destination),
                                           "the job's user may not %s %s on this node"
                                           % ("read" if mount.read_only else "write", mount.source))
+        runtime = os.path.realpath(self.args.runtime_dir)
+        for mount in request.mounts:
+            if mount.source == runtime or mount.source.startswith(runtime + "/"):
+                raise options.OptionError("mounts", mount.source, "slurmbox's runtime directory cannot be mounted")
         profile = policy.profiles[request.profile]
         runsc_path = runsc.find_runsc()
         caps = runsc.capabilities(runsc_path, self.node_dir)
@@ -159,37 +163,44 @@ class Supervisor:
     # -- per task ------------------------------------------------------------------
     def handle(self, conn):
         """Serve one launcher connection until its task ends."""
-        fds = []
+        fds, accepted = [], False
         try:
-            _pid, peer, _gid = peer_uid(conn)
-            if peer not in (self.args.uid, 0):
+            peer_pid, peer, _gid = peer_uid(conn)
+            if peer != self.args.uid:
                 send_frame(conn, {"error": "this sandbox belongs to job %s of another user" % self.args.job})
                 return
             message, fds = recv_frame(conn)
-            if message is None or len(fds) != 3:
+            if not isinstance(message, dict) or len(fds) != 3 or not message.get("argv"):
                 return
+            accepted = True
             try:
-                self.run_task(conn, message, fds)
+                self.run_task(conn, message, fds, peer_pid)
             except StepFailure as failure:
                 send_frame(conn, {"error": str(failure), "exit": failure.exit_code})
-        except OSError:
+        except (OSError, ValueError):
+            import traceback
             traceback.print_exc()
         finally:
             for fd in fds:
                 os.close(fd)
             conn.close()
-            with self.lock:
-                self.finished += 1
-                if self.finished >= self.args.local_tasks:
-                    self.done.set()
+            if accepted:  # only a task's own launcher counts towards the step's end
+                with self.lock:
+                    self.finished += 1
+                    if self.finished >= self.args.local_tasks:
+                        self.done.set()
 
-    def run_task(self, conn, message, fds):
-        """Start the task inside the sandbox, forward signals, report its status."""
+    def run_task(self, conn, message, fds, peer_pid):
+        """Start the task inside the sandbox, forward signals, report its status.
+
+        ``peer_pid``: the launcher's pid (SO_PEERCRED); its working directory
+        and rlimits are read from the kernel, not from the message.
+        """
         request, plan, prefix, groups = self.prepare(message["env"])
-        env = dict(message["env"])
+        env = {str(k): str(v) for k, v in dict(message["env"]).items()}
         env.update(plan.env)
         root = request.image or "/"
-        task_cwd = message["cwd"]
+        task_cwd = self._peer_cwd(peer_pid, groups)
         cwd = request.workdir or task_cwd
         try:
             argv = list(message["argv"])
@@ -201,11 +212,11 @@ class Supervisor:
             send_frame(conn, {"exit": EXIT_COMMAND_NOT_FOUND})
             return
         process = bundle.process_spec(argv, env, cwd, self.args.uid, self.args.gid, groups,
-                                      message.get("tty"), bundle.current_rlimits())
+                                      message.get("tty"), bundle.process_rlimits(peer_pid))
         bind_dirs = [task_cwd] if task_cwd != "/" and os.path.isdir(task_cwd) else []
         extra_mounts = []
         if self.args.step == "batch" and not request.dry_run:
-            extra_mounts, prefix = self._batch_step_access(argv[0], prefix, process, request, groups, fds, task_cwd)
+            extra_mounts, prefix = self._batch_step_access(prefix, process, request, groups, fds, task_cwd)
         spec = bundle.build_spec(process, request, self.args.node, bind_dirs, plan.devices, extra_mounts)
         if request.dry_run:
             for problem in plan.problems:
@@ -223,7 +234,17 @@ class Supervisor:
             relay.started()
         self._relay(conn, proc, prefix, kill_args, relay)
 
-    def _batch_step_access(self, script, prefix, process, request, groups, fds, task_cwd):
+    def _peer_cwd(self, peer_pid, groups):
+        """The launcher's working directory as the kernel resolved it (never the message's word)."""
+        try:
+            cwd = os.readlink("/proc/%d/cwd" % peer_pid)
+        except OSError:
+            raise StepFailure("cannot read the task's working directory")
+        if cwd != "/" and not bundle.path_reachable(cwd, self.args.uid, [self.args.gid] + list(groups)):
+            raise StepFailure("the job's user cannot reach the working directory %s" % cwd)
+        return cwd
+
+    def _batch_step_access(self, prefix, process, request, groups, fds, task_cwd):
         """Mounts, runsc flags and environment of a sandboxed batch step.
 
         The batch script lives in slurmd's spool directory (bound read-only).
@@ -235,11 +256,14 @@ class Supervisor:
         from slurmbox.sandbox.step_broker import BROKER_MOUNT, StepBroker
 
         broker = StepBroker.create(self.args.step_dir, self.args.uid, self.args.gid, groups, fds, task_cwd,
-                                   self.args.slurm_conf)
+                                   self.args.slurm_conf, self.args.job)
         broker.start()
         self.brokers.append(broker)
         install_root = os.path.dirname(sys.prefix)  # <prefix>/venv -> <prefix>: launcher and its python
         srun_path = shutil.which("srun", path="/usr/local/bin:/usr/bin:/bin") or "/usr/bin/srun"
+        script = self.args.batch_script  # from slurmstepd via the shim, not from the launcher
+        if not script or not os.path.isfile(script):
+            raise StepFailure("the batch script of job %s was not found on this node" % self.args.job)
         mounts = [bundle.Mount(script, script, True), bundle.Mount(install_root, install_root, True),
                   bundle.Mount(broker.directory, BROKER_MOUNT, False),
                   bundle.Mount(self.args.launcher, srun_path, True)]
@@ -366,12 +390,14 @@ def parse_args(argv):
     parser.add_argument("--slurm-conf", default="/etc/slurm/slurm.conf")
     parser.add_argument("--partition-requires-sandbox", action="store_true")
     parser.add_argument("--launcher", default="/opt/slurmbox/libexec/slurmbox-launch")
+    parser.add_argument("--batch-script", default="")
     parser.add_argument("--option", action="append", default=[])
     return parser.parse_args(argv)
 
 
 def main(argv=None):
     """Entry point used by the SPANK shim."""
+    os.umask(0o077)  # bundles hold the task's environment: root only
     args = parse_args(sys.argv[1:] if argv is None else argv)
     listener = socket.socket(fileno=args.listen_fd)
     supervisor = Supervisor(args)

@@ -145,6 +145,24 @@ static int in_list(const char *list, const char *name)
 	return 0;
 }
 
+/*
+ * Create (or accept) a root-owned directory that no one else can write to:
+ * the runtime tree holds sockets and bundles root acts on.
+ */
+static int ensure_root_dir(const char *path, mode_t mode)
+{
+	struct stat st;
+	if (mkdir(path, mode) != 0 && errno != EEXIST) {
+		slurm_error("slurmbox: cannot create %s: %m", path);
+		return -1;
+	}
+	if (lstat(path, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != 0 || (st.st_mode & 022)) {
+		slurm_error("slurmbox: %s must be a directory owned by root and writable only by root", path);
+		return -1;
+	}
+	return 0;
+}
+
 static int env_truthy(const char *v)
 {
 	return v[0] && strcmp(v, "0") && strcasecmp(v, "no") && strcasecmp(v, "false");
@@ -239,9 +257,12 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 		return 0; /* task_init refuses the step with a message; no supervisor needed */
 #endif
 
-	spank_get_item(sp, S_JOB_UID, &uid);
-	spank_get_item(sp, S_JOB_GID, &gid);
-	spank_get_item(sp, S_JOB_LOCAL_TASK_COUNT, &ntasks);
+	if (spank_get_item(sp, S_JOB_UID, &uid) != ESPANK_SUCCESS ||
+	    spank_get_item(sp, S_JOB_GID, &gid) != ESPANK_SUCCESS ||
+	    spank_get_item(sp, S_JOB_LOCAL_TASK_COUNT, &ntasks) != ESPANK_SUCCESS) {
+		slurm_error("slurmbox: cannot read the step's user, group or task count");
+		return -1;
+	}
 
 	char node[65];
 	if (gethostname(node, sizeof(node)) != 0)
@@ -254,9 +275,9 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 	snprintf(step_dir, sizeof(step_dir), "%s/%u.%s", node_dir, jobid, step_name);
 	snprintf(log_dir, sizeof(log_dir), "%s/log", node_dir);
 	snprintf(log_path, sizeof(log_path), "%s/%u.%s.log", log_dir, jobid, step_name);
-	mkdir(conf_runtime_dir, 0711);
-	mkdir(node_dir, 0711);
-	mkdir(log_dir, 0700);
+	if (ensure_root_dir(conf_runtime_dir, 0711) || ensure_root_dir(node_dir, 0711) ||
+	    ensure_root_dir(log_dir, 0700))
+		return -1;
 	if (mkdir(step_dir, 0700) != 0 && errno != EEXIST) {
 		slurm_error("slurmbox: cannot create %s: %m", step_dir);
 		return -1;
@@ -320,10 +341,19 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 	}
 	if (required)
 		add_arg(argv, &argc, 64, "--partition-requires-sandbox");
+	if (stepid == SLURM_BATCH_SCRIPT && job_argc > 0 && job_argv && job_argv[0]) {
+		add_arg(argv, &argc, 64, "--batch-script");
+		add_arg(argv, &argc, 64, job_argv[0]);
+	}
 	for (int i = 0; i < SBX_OPT_COUNT; i++) {
 		if (!opt_given[i])
 			continue;
-		snprintf(optbuf[i], sizeof(optbuf[i]), "%s=%s", opt_keys[i], opt_values[i]);
+		if ((size_t)snprintf(optbuf[i], sizeof(optbuf[i]), "%s=%s", opt_keys[i], opt_values[i]) >=
+		    sizeof(optbuf[i])) {
+			slurm_error("slurmbox: --sandbox %s option value is too long", opt_keys[i]);
+			close(lfd);
+			return -1;
+		}
 		add_arg(argv, &argc, 64, "--option");
 		add_arg(argv, &argc, 64, optbuf[i]);
 	}
@@ -344,20 +374,31 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 		 * cleanup can always find it. */
 		pid_t supervisor = fork();
 		if (supervisor != 0) {
+			/* No slurm_error() here: a fork of multi-threaded slurmstepd. */
 			char pidpath[1100], pidtext[32];
 			snprintf(pidpath, sizeof(pidpath), "%s/supervisor.pid", step_dir);
 			int pfd = open(pidpath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-			if (pfd >= 0) {
+			int ok = pfd >= 0;
+			if (ok) {
 				int n = snprintf(pidtext, sizeof(pidtext), "%d\n", (int)supervisor);
-				if (write(pfd, pidtext, (size_t)n) != n)
-					slurm_error("slurmbox: cannot write %s", pidpath);
+				ok = write(pfd, pidtext, (size_t)n) == n;
 				close(pfd);
 			}
-			_exit(supervisor > 0 ? 0 : 1);
+			_exit(supervisor > 0 && ok ? 0 : 1);
 		}
 		setsid();
-		if (dup2(lfd, 3) < 0)
+		/* slurmstepd blocks many signals; the supervisor and runsc need them. */
+		sigset_t none;
+		sigemptyset(&none);
+		sigprocmask(SIG_SETMASK, &none, NULL);
+		for (int sig = 1; sig < NSIG; sig++)
+			signal(sig, SIG_DFL);
+		if (lfd == 3) {
+			if (fcntl(3, F_SETFD, 0) != 0)
+				_exit(127);
+		} else if (dup2(lfd, 3) < 0) {
 			_exit(127);
+		}
 		int devnull = open("/dev/null", O_RDWR);
 		if (devnull >= 0) {
 			dup2(devnull, 0);
@@ -366,13 +407,15 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 		int logfd = open(log_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
 		if (logfd >= 0)
 			dup2(logfd, 2);
-		for (int fd = 4; fd < 1024; fd++)
-			close(fd);
+		long max_fd = sysconf(_SC_OPEN_MAX);
+		for (long fd = 4; fd < (max_fd > 0 ? max_fd : 65536); fd++)
+			close((int)fd);
 		execve(conf_python, argv, envp);
 		_exit(127);
 	}
 	close(lfd);
-	waitpid(pid, NULL, 0);
+	while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+		;
 	return 0;
 }
 
