@@ -219,6 +219,69 @@ static int looks_like_multi_prog(int argc, char **argv)
 	return 1;
 }
 
+/*
+ * The job's partition as slurmctld records it (`scontrol -o show job ID`,
+ * token Partition=): the step's own environment comes from the user's srun
+ * and may name any partition. Returns 0 and fills buf, or -1.
+ */
+static int trusted_partition(uint32_t jobid, char *buf, size_t len)
+{
+	static char out[65536];
+	int pipefd[2];
+	if (pipe2(pipefd, O_CLOEXEC) != 0)
+		return -1;
+	char id[16], conf_env[PATH_MAX + 16];
+	snprintf(id, sizeof(id), "%u", jobid);
+	const char *conf = getenv("SLURM_CONF"); /* slurmstepd's own environment */
+	snprintf(conf_env, sizeof(conf_env), "SLURM_CONF=%s", conf && conf[0] ? conf : "/etc/slurm/slurm.conf");
+	pid_t pid = fork();
+	if (pid < 0) {
+		close(pipefd[0]);
+		close(pipefd[1]);
+		return -1;
+	}
+	if (pid == 0) {
+		dup2(pipefd[1], 1);
+		int devnull = open("/dev/null", O_RDWR);
+		if (devnull >= 0) {
+			dup2(devnull, 0);
+			dup2(devnull, 2);
+		}
+		char *argv[] = {"scontrol", "-o", "show", "job", id, NULL};
+		char *envp[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", conf_env, NULL};
+		execve("/usr/bin/scontrol", argv, envp);
+		execve("/usr/local/bin/scontrol", argv, envp);
+		_exit(127);
+	}
+	close(pipefd[1]);
+	size_t used = 0;
+	for (;;) {
+		ssize_t n = read(pipefd[0], out + used, sizeof(out) - 1 - used);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			break;
+		used += (size_t)n;
+		if (used == sizeof(out) - 1)
+			break;
+	}
+	out[used] = '\0';
+	close(pipefd[0]);
+	int status = 0;
+	while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+		;
+	const char *p = strstr(out, " Partition=");
+	if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || !p)
+		return -1;
+	p += strlen(" Partition=");
+	size_t n = strcspn(p, " \n");
+	if (n == 0 || n >= len)
+		return -1;
+	memcpy(buf, p, n);
+	buf[n] = '\0';
+	return 0;
+}
+
 int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 {
 	(void)ac; (void)av;
@@ -234,13 +297,17 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 	if (stepid == SLURM_EXTERN_CONT)
 		return 0;
 
-	char envbuf[256], partition[256];
-	getenv_job(sp, "SLURM_JOB_PARTITION", partition, sizeof(partition));
-	int required = in_list(conf_required, partition);
+	char envbuf[256], partition[256] = "";
 	int env_wants = getenv_job(sp, "SLURMBOX_SANDBOX", envbuf, sizeof(envbuf)) && env_truthy(envbuf);
 	/* Any --sandbox-* option asks for a sandbox as --sandbox does. */
 	int option_wants = opt_given[O_SANDBOX] || opt_given[O_IMAGE] || opt_given[O_MOUNTS] ||
 			   opt_given[O_WORKDIR] || opt_given[O_NETWORK] || opt_given[O_DRY_RUN];
+	if ((option_wants || env_wants || conf_required[0]) &&
+	    trusted_partition(jobid, partition, sizeof(partition)) != 0) {
+		slurm_error("slurmbox: cannot read the partition of job %u from slurmctld", jobid);
+		return -1;
+	}
+	int required = in_list(conf_required, partition);
 	if (opt_given[O_NO_SANDBOX])
 		sandboxed = required; /* the supervisor refuses it with a message */
 	else

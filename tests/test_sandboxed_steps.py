@@ -93,6 +93,7 @@ def test_environment_fallback_and_command_line_precedence(cluster, workdir):
 @pytest.mark.parametrize("command", [
     ["sh", "-c", "exit 0"], ["sh", "-c", "exit 1"], ["sh", "-c", "exit 7"],
     ["no-such-command-slurmbox"], ["sh", "-c", "kill -TERM $$"], ["sh", "-c", "kill -SEGV $$"],
+    ["sh", "-c", "kill -KILL $$"],
 ])
 def test_exit_status_is_what_slurm_records_without_sandbox(cluster, workdir, command):
     plain = cluster.srun(*command, cwd=workdir)

@@ -76,3 +76,17 @@ def test_mount_sources_the_user_cannot_read_are_refused(cluster, workdir):
     result = cluster.srun("--sandbox", "--sandbox-mounts=/root:/data:ro", "true", cwd=workdir)
     assert result.returncode != 0
     assert "--sandbox-mounts" in result.stderr and "may not read /root" in result.stderr
+
+
+def test_a_forged_partition_in_the_environment_does_not_lift_the_sandbox_requirement(cluster, workdir):
+    job = cluster.run(["sbatch", "--parsable", "-p", "secure", "--wrap", "sleep 120"], cwd=workdir).stdout.strip()
+    try:
+        cluster.wait_for(lambda: cluster.job_state(job) == "RUNNING", what="job %s to run" % job)
+        marker = os.path.join(workdir, "escaped")
+        result = cluster.srun("--jobid=%s" % job, "--overlap", "--no-sandbox", "touch", marker, cwd=workdir,
+                              env={"SLURM_JOB_PARTITION": "ondemand"})
+        assert result.returncode != 0
+        assert "requires sandboxing" in result.stderr
+        assert not os.path.exists(marker)
+    finally:
+        cluster.run(["scancel", job])

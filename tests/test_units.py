@@ -245,3 +245,43 @@ def test_platform_auto_prefers_systrap_and_named_platforms_must_exist():
     assert choose_platform("auto", {"platforms": ["kvm", "ptrace", "systrap"]}) == "systrap"
     with pytest.raises(RunscError, match="systrap"):
         choose_platform("systrap", {"platforms": ["kvm", "ptrace"], "version": "0.0~20221219.0"})
+
+
+def test_device_index_lists_are_bounded():
+    with pytest.raises(ValueError, match="out of bounds"):
+        devices.parse_index_list("0-999999999")
+
+
+def test_mounts_resolve_symlinks_before_policy_checks(tmp_path):
+    allowed = tmp_path / "data"
+    allowed.mkdir()
+    secret = tmp_path / "private"
+    secret.mkdir()
+    (allowed / "link").symlink_to(secret)
+    policy = _policy(SITE.replace("[/data]", "[%s]" % allowed))
+    with pytest.raises(options.OptionError, match="outside the profile's allowed mount sources"):
+        options.resolve({"sandbox": "strict", "mounts": "%s/link:/d:ro" % allowed}, policy, "gpu")
+    request = options.resolve({"sandbox": "", "mounts": "%s/link:/d:ro" % allowed}, policy, "gpu")
+    assert request.mounts == [options.Mount(str(secret), "/d", True)]
+    for system in ("/dev", "/proc/self", "/sys"):
+        with pytest.raises(options.OptionError, match="system directory"):
+            options.resolve({"sandbox": "", "mounts": "%s:/x" % system}, policy, "gpu")
+
+
+def test_broker_keeps_loader_variables_and_foreign_job_ids_away_from_srun():
+    from slurmbox.sandbox.step_broker import StepBroker
+    broker = StepBroker("/nonexistent", 1000, 1000, [], (0, 1, 2), "/", "/etc/slurm/slurm.conf", "42")
+    env = broker._environment({"LD_PRELOAD": "/x.so", "LD_LIBRARY_PATH": "/x", "GCONV_PATH": "/x",
+                               "SLURM_JOB_ID": "7", "SLURM_CONF": "/evil", "SLURMBOX_SANDBOX": "0",
+                               "OMP_NUM_THREADS": "4"})
+    assert env == {"OMP_NUM_THREADS": "4", "SLURM_CONF": "/etc/slurm/slurm.conf", "SLURM_JOB_ID": "42",
+                   "SLURM_JOBID": "42"}
+
+
+@pytest.mark.parametrize("result, expected", [({"signal": 9}, -9), ({"signal": 15}, -15),
+                                              ({"signal": 19}, 128 + 19), ({"exit": 3}, 3)])
+def test_launcher_leaves_as_the_sandboxed_process_left(result, expected):
+    import subprocess
+    import sys
+    code = "from slurmbox.sandbox.launcher import _exit_like; _exit_like(%r)" % (result,)
+    assert subprocess.run([sys.executable, "-c", code], timeout=30).returncode == expected
