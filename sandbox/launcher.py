@@ -134,8 +134,13 @@ def main():
     _relay_until_exit(conn)
 
 
-def _relay_until_exit(conn):
-    """Forward our signals over ``conn`` and exit as the remote process did."""
+def _relay_until_exit(conn, carries_output=False):
+    """Forward our signals over ``conn`` and exit as the remote process did.
+
+    With ``carries_output`` (srun's proxy), ``{"fd": 1|2, "data": hex}``
+    frames are written to our stdout/stderr; otherwise the other side holds
+    our stdio itself and our copies of stdin/stdout are dropped.
+    """
     def forward(signum, _frame):
         try:
             send_frame(conn, {"signal": signum})
@@ -144,10 +149,10 @@ def _relay_until_exit(conn):
 
     for sig in FORWARDED_SIGNALS:
         signal.signal(sig, forward)
-    # Our copies of stdin/stdout are no longer needed: the other side has its own.
-    devnull = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1):
-        os.dup2(devnull, fd)
+    if not carries_output:
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1):
+            os.dup2(devnull, fd)
     while True:
         try:
             message, _fds = recv_frame(conn)
@@ -157,6 +162,9 @@ def _relay_until_exit(conn):
             message = {"error": "lost the sandbox supervisor: %s" % err}
         if message is None:
             message = {"error": "the sandbox supervisor went away before the task ended"}
+        if carries_output and message.get("fd") in (1, 2):
+            _write_all(message["fd"], bytes.fromhex(message.get("data", "")))
+            continue
         if "error" in message:
             sys.stderr.write("slurmbox: %s\n" % message["error"])
             _exit_like({"exit": message.get("exit", EXIT_SANDBOX_FAILED)})
@@ -164,12 +172,37 @@ def _relay_until_exit(conn):
             _exit_like(message)
 
 
+def _write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view):]
+        except InterruptedError:
+            continue
+        except OSError:
+            return
+
+
+def _send_stdin(conn):
+    """Copy our stdin to the broker as ``{"stdin": hex}`` frames, then ``{"stdin_eof": true}``."""
+    try:
+        while True:
+            data = os.read(0, 1 << 16)
+            if not data:
+                break
+            send_frame(conn, {"stdin": data.hex()})
+        send_frame(conn, {"stdin_eof": True})
+    except OSError:
+        pass
+
+
 def proxy_main():
     """``srun`` inside a sandboxed batch step: ask the step broker to run it.
 
     Creates a listening socket in the broker directory (``SLURMBOX_STEP_BROKER``),
-    waits for the broker to connect, sends argv/environment/cwd, then behaves
-    like the real srun's exit. See slurmbox.sandbox.step_broker.
+    waits for the broker to connect, sends argv/environment/cwd, relays stdin,
+    stdout and stderr over the connection, then exits as the real srun did.
+    See slurmbox.sandbox.step_broker.
     """
     broker = os.environ.get("SLURMBOX_STEP_BROKER")
     if not broker:
@@ -193,7 +226,9 @@ def proxy_main():
     except OSError:
         cwd = ""
     send_frame(conn, {"argv": ["srun"] + sys.argv[1:], "env": dict(os.environ), "cwd": cwd})
-    _relay_until_exit(conn)
+    import threading  # only srun's proxy needs a second thread
+    threading.Thread(target=_send_stdin, args=(conn,), daemon=True).start()
+    _relay_until_exit(conn, carries_output=True)
 
 
 def dispatch():

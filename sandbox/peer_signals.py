@@ -7,12 +7,13 @@ import threading
 from slurmbox.sandbox.launcher import recv_frame
 
 
-def follow_peer(conn, finished, on_signal, on_gone):
+def follow_peer(conn, finished, on_signal, on_gone, on_message=None):
     """Start a daemon thread reading frames from ``conn`` until ``finished`` is set.
 
     ``on_signal(signum)`` is called for each ``{"signal": N}`` frame;
     ``on_gone()`` once if the peer disconnects (it was killed) before
-    ``finished`` is set. Descriptors a peer tries to pass are closed.
+    ``finished`` is set; ``on_message(frame)`` for any other frame.
+    Descriptors a peer tries to pass are closed.
     Returns the thread.
     """
     def follow():
@@ -32,6 +33,8 @@ def follow_peer(conn, finished, on_signal, on_gone):
                     on_signal(int(message["signal"]))
                 except (OSError, ValueError, TypeError):
                     pass
+            elif on_message is not None and isinstance(message, dict):
+                on_message(message)
 
     thread = threading.Thread(target=follow, daemon=True)
     thread.start()

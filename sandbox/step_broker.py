@@ -8,7 +8,8 @@ listening Unix socket in the step's broker directory (runsc
 ``--host-uds=create``: the sandbox may create sockets there, never connect to
 host sockets), and this broker, part of the step supervisor, connects to it,
 reads the request (argv, environment, cwd) and runs the real ``srun`` on the
-node **as the job's user**, with the batch step's stdout/stderr, forwarding
+node **as the job's user**, relaying its stdin, stdout and stderr over the
+connection (so ``srun app > out.txt`` inside the script works), forwarding
 signals and reporting its exit status back. Steps launched this way are
 sandboxed like any other (``SLURMBOX_SANDBOX`` is set in the batch
 environment) unless they say ``--no-sandbox`` where the partition allows it.
@@ -153,11 +154,34 @@ class StepBroker:
         # env(1) changes directory after the switch to the job's user, so the
         # kernel checks the user's own access (Popen's cwd= would chdir as root).
         argv = ["/usr/bin/env", "--chdir=%s" % cwd, self.srun] + [str(a) for a in request["argv"][1:]]
-        proc = subprocess.Popen(argv, env=self._environment(request.get("env", {})), stdin=subprocess.DEVNULL,
-                                stdout=self.stdio[1], stderr=self.stdio[2], user=self.uid, group=self.gid,
+        proc = subprocess.Popen(argv, env=self._environment(request.get("env", {})), stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, user=self.uid, group=self.gid,
                                 extra_groups=self.groups, start_new_session=True, close_fds=True, cwd="/")
         done = threading.Event()
-        follow_peer(conn, done, proc.send_signal, proc.kill)
+        send_lock = threading.Lock()
+
+        def on_stdin(message):
+            try:
+                if message.get("stdin_eof"):
+                    proc.stdin.close()
+                elif "stdin" in message:
+                    proc.stdin.write(bytes.fromhex(message["stdin"]))
+                    proc.stdin.flush()
+            except (OSError, ValueError):
+                pass
+
+        def pump(stream, fd):
+            for chunk in iter(lambda: stream.read1(1 << 16), b""):
+                with send_lock:
+                    send_frame(conn, {"fd": fd, "data": chunk.hex()})
+
+        pumps = [threading.Thread(target=pump, args=(proc.stdout, 1), daemon=True),
+                 threading.Thread(target=pump, args=(proc.stderr, 2), daemon=True)]
+        for thread in pumps:
+            thread.start()
+        follow_peer(conn, done, proc.send_signal, proc.kill, on_message=on_stdin)
         code = proc.wait()
+        for thread in pumps:  # all output reaches the proxy before the exit status
+            thread.join()
         done.set()
         return {"signal": -code} if code < 0 else {"exit": code}

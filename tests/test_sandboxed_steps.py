@@ -47,7 +47,9 @@ def test_batch_step_and_its_steps_run_sandboxed(cluster, workdir):
                      "echo batch: $(dmesg | head -1)\n"
                      "srun -N2 -n2 sh -c 'echo step $(hostname): $(dmesg | head -1)'\n"
                      "srun --no-sandbox -N1 -n1 sh -c 'echo plain: $(dmesg 2>&1 | head -1)'\n"
-                     "srun -N1 -n1 sh -c 'exit 5'; echo inner-exit=$?\n")
+                     "srun -N1 -n1 sh -c 'exit 5'; echo inner-exit=$?\n"
+                     "srun -N1 -n1 sh -c 'echo to-file; echo to-stderr >&2' > redirected.txt 2>&1\n"
+                     "echo piped | srun -N1 -n1 tr a-z A-Z\n")
     os.chmod(script, 0o755)
     output = os.path.join(workdir, "job.out")
     result = cluster.run(["sbatch", "-W", "-o", output, script], cwd=workdir)
@@ -60,6 +62,8 @@ def test_batch_step_and_its_steps_run_sandboxed(cluster, workdir):
     plain = [line for line in lines if line.startswith("plain:")]
     assert plain and GVISOR_BOOT not in plain[0], text
     assert "inner-exit=5" in text
+    assert "PIPED" in text and "to-file" not in text  # stdin and redirections of srun inside the sandbox
+    assert open(os.path.join(workdir, "redirected.txt")).read().split() == ["to-file", "to-stderr"]
     assert os.stat(output).st_uid == os.stat(workdir).st_uid  # runsc must not re-own the job's output
 
 
