@@ -19,8 +19,12 @@ import tty
 _CHUNK = 1 << 16
 
 
-def _copy(source, target, close_target=False):
-    """Copy bytes from fd ``source`` to fd ``target`` until EOF or error."""
+def _copy(source, target):
+    """Copy bytes from fd ``source`` to fd ``target`` until EOF or error, then close both.
+
+    Each copy owns its two descriptors (duplicates made for it) and is the
+    only one to close them, so a number is never reused under a running copy.
+    """
     try:
         while True:
             try:
@@ -37,9 +41,9 @@ def _copy(source, target, close_target=False):
                     return
                 view = view[written:]
     finally:
-        if close_target:
+        for fd in (source, target):
             try:
-                os.close(target)
+                os.close(fd)
             except OSError:
                 pass
 
@@ -50,7 +54,8 @@ class StdioRelay:
     ``child_fds`` are the descriptors to give runsc. Call ``started()`` once
     runsc has them (closes our copies of the child side), and ``finish()``
     after the process ended (waits up to ``timeout`` seconds for buffered
-    output, restores the terminal).
+    output, restores the terminal). The task's descriptors stay the caller's:
+    the copies work on duplicates of their own.
     """
 
     def __init__(self, task_fds, use_tty):
@@ -58,28 +63,29 @@ class StdioRelay:
         self.use_tty = bool(use_tty) and os.isatty(task_fds[0])
         self.saved_mode = None
         self.threads = []
+        self.control = None  # pty master kept for window-size changes
         if self.use_tty:
-            self.master, slave = os.openpty()
+            master, slave = os.openpty()
+            self.control = os.dup(master)
             self.resize()
             self.saved_mode = termios.tcgetattr(task_fds[0])
             tty.setraw(task_fds[0])
             self.child_fds = (slave, slave, slave)
-            self._jobs = [(task_fds[0], self.master, False, True), (self.master, task_fds[1], False, False)]
+            self._jobs = [(os.dup(task_fds[0]), master, False), (os.dup(master), os.dup(task_fds[1]), True)]
         else:
             in_read, in_write = os.pipe()
             out_read, out_write = os.pipe()
             err_read, err_write = os.pipe()
             self.child_fds = (in_read, out_write, err_write)
-            self._jobs = [(task_fds[0], in_write, True, True), (out_read, task_fds[1], False, False),
-                          (err_read, task_fds[2], False, False)]
-            self._own = [out_read, err_read]
+            self._jobs = [(os.dup(task_fds[0]), in_write, False), (out_read, os.dup(task_fds[1]), True),
+                          (err_read, os.dup(task_fds[2]), True)]
 
     def resize(self):
         """Copy the task terminal's window size to the inner pty (TIOCGWINSZ/TIOCSWINSZ, tty_ioctl(4))."""
-        if self.use_tty:
+        if self.control is not None:
             try:
                 size = fcntl.ioctl(self.task_fds[0], termios.TIOCGWINSZ, b"\0" * 8)
-                fcntl.ioctl(self.master, termios.TIOCSWINSZ, size)
+                fcntl.ioctl(self.control, termios.TIOCSWINSZ, size)
             except OSError:
                 pass
 
@@ -87,10 +93,10 @@ class StdioRelay:
         """runsc holds the child side now: close ours and start copying."""
         for fd in set(self.child_fds):
             os.close(fd)
-        for source, target, close_target, daemon_only in self._jobs:
-            thread = threading.Thread(target=_copy, args=(source, target, close_target), daemon=True)
+        for source, target, is_output in self._jobs:
+            thread = threading.Thread(target=_copy, args=(source, target), daemon=True)
             thread.start()
-            if not daemon_only:
+            if is_output:
                 self.threads.append(thread)
 
     def finish(self, timeout=5.0):
@@ -102,8 +108,6 @@ class StdioRelay:
                 termios.tcsetattr(self.task_fds[0], termios.TCSADRAIN, self.saved_mode)
             except termios.error:
                 pass
-        for fd in ([self.master] if self.use_tty else self._own):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        if self.control is not None:
+            os.close(self.control)
+            self.control = None
