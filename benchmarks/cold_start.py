@@ -29,7 +29,9 @@ import time
 def timed(cmd, env, cwd):
     """Wall seconds of one run of ``cmd``; raises CalledProcessError on failure."""
     start = time.perf_counter()
-    subprocess.run(cmd, env=env, cwd=cwd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # Pipes, not /dev/null: runsc re-owns the stdio it is given (see slurmbox.sandbox.stdio_relay).
+    subprocess.run(cmd, env=env, cwd=cwd, check=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                   stdin=subprocess.PIPE)
     return time.perf_counter() - start
 
 

@@ -65,6 +65,7 @@ def test_batch_step_and_its_steps_run_sandboxed(cluster, workdir):
     assert "PIPED" in text and "to-file" not in text  # stdin and redirections of srun inside the sandbox
     assert open(os.path.join(workdir, "redirected.txt")).read().split() == ["to-file", "to-stderr"]
     assert os.stat(output).st_uid == os.stat(workdir).st_uid  # runsc must not re-own the job's output
+    assert os.stat("/dev/null").st_uid == 0  # ... nor the node's /dev/null (slurmstepd gives it as stdin)
 
 
 def test_no_sandbox_is_honoured_or_refused_by_partition_policy(cluster, workdir):
