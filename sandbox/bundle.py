@@ -11,8 +11,6 @@ import pwd
 import resource
 import stat
 
-from slurmbox.sandbox.options import Mount  # noqa: F401  (re-exported for callers)
-
 #: Host directories hidden (empty tmpfs) when the host root is the image.
 MASKED_HOST_DIRS = ("/root", "/home", "/tmp", "/var/tmp", "/run", "/var/run", "/var/spool", "/var/lib",
                     "/var/log", "/var/mail", "/etc/munge", "/etc/slurm", "/srv", "/mnt", "/media", "/opt",

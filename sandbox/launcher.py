@@ -163,7 +163,7 @@ def _relay_until_exit(conn, carries_output=False):
         if message is None:
             message = {"error": "the sandbox supervisor went away before the task ended"}
         if carries_output and message.get("fd") in (1, 2):
-            _write_all(message["fd"], bytes.fromhex(message.get("data", "")))
+            write_all(message["fd"], bytes.fromhex(message.get("data", "")))
             continue
         if "error" in message:
             sys.stderr.write("slurmbox: %s\n" % message["error"])
@@ -172,7 +172,8 @@ def _relay_until_exit(conn, carries_output=False):
             _exit_like(message)
 
 
-def _write_all(fd, data):
+def write_all(fd, data):
+    """Write all of ``data`` (bytes) to ``fd``. Returns False if the descriptor failed (closed, EPIPE)."""
     view = memoryview(data)
     while view:
         try:
@@ -180,7 +181,8 @@ def _write_all(fd, data):
         except InterruptedError:
             continue
         except OSError:
-            return
+            return False
+    return True
 
 
 def _send_stdin(conn):

@@ -117,12 +117,14 @@ def parse_mounts(text):
     return mounts
 
 
-def resolve(options, policy, partition, partition_requires=False):
+def resolve(options, policy, partition, partition_requires=False, runtime_dir=None):
     """Validate merged options (see merge_sources) against the site policy.
 
     ``policy``: a site_config.compiled.SitePolicy; ``partition``: the job's
-    partition name. Returns a SandboxRequest. Raises OptionError naming the
-    option and value for anything the user must fix.
+    partition name; ``runtime_dir``: slurmbox's runtime directory, refused as
+    a mount source like FORBIDDEN_MOUNT_SOURCES. Returns a SandboxRequest.
+    Raises OptionError naming the option and value for anything the user
+    must fix.
     """
     part = policy.partition(partition)
     if "no-sandbox" in options:
@@ -161,12 +163,13 @@ def resolve(options, policy, partition, partition_requires=False):
         request.image = os.path.realpath(image)
     if options.get("mounts"):
         request.mounts = parse_mounts(options["mounts"])
+        forbidden = FORBIDDEN_MOUNT_SOURCES + ((os.path.realpath(runtime_dir),) if runtime_dir else ())
         resolved = []
         for mount in request.mounts:
             source = os.path.realpath(mount.source)  # judge and mount what a symlink points at
-            if source == "/" or any(source == p or source.startswith(p + "/") for p in FORBIDDEN_MOUNT_SOURCES):
-                raise OptionError("mounts", options["mounts"], "source %r is a system directory that cannot be "
-                                  "mounted into a sandbox" % mount.source)
+            if source == "/" or any(source == p or source.startswith(p + "/") for p in forbidden):
+                raise OptionError("mounts", options["mounts"], "source %r is a system directory or slurmbox's "
+                                  "runtime directory, which cannot be mounted into a sandbox" % mount.source)
             if not os.path.exists(source):
                 raise OptionError("mounts", options["mounts"], "source %r does not exist" % mount.source)
             mount = Mount(source, mount.destination, mount.read_only)

@@ -16,6 +16,8 @@ import termios
 import threading
 import tty
 
+from slurmbox.sandbox.launcher import write_all
+
 _CHUNK = 1 << 16
 
 
@@ -31,15 +33,8 @@ def _copy(source, target):
                 data = os.read(source, _CHUNK)
             except OSError:  # EIO on a pty master once the slave side is gone
                 break
-            if not data:
+            if not data or not write_all(target, data):
                 break
-            view = memoryview(data)
-            while view:
-                try:
-                    written = os.write(target, view)
-                except OSError:
-                    return
-                view = view[written:]
     finally:
         for fd in (source, target):
             try:

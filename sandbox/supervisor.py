@@ -16,7 +16,6 @@ step's runtime directory removed.
 import argparse
 import json
 import os
-import shutil
 import signal
 import socket
 import struct
@@ -105,7 +104,8 @@ class Supervisor:
 
         policy = load_policy(self.args.site_config, self.node_dir)
         merged = options.merge_sources(self.cli_options, task_env)
-        request = options.resolve(merged, policy, self.args.partition, self.args.partition_requires_sandbox)
+        request = options.resolve(merged, policy, self.args.partition, self.args.partition_requires_sandbox,
+                                  self.args.runtime_dir)
         uid, gid = self.args.uid, self.args.gid
         _, _, groups = bundle.user_identity(uid, gid)
         all_gids = [gid] + groups
@@ -116,10 +116,6 @@ class Supervisor:
                 raise options.OptionError("mounts", "%s:%s" % (mount.source, mount.destination),
                                           "the job's user may not %s %s on this node"
                                           % ("read" if mount.read_only else "write", mount.source))
-        runtime = os.path.realpath(self.args.runtime_dir)
-        for mount in request.mounts:
-            if mount.source == runtime or mount.source.startswith(runtime + "/"):
-                raise options.OptionError("mounts", mount.source, "slurmbox's runtime directory cannot be mounted")
         profile = policy.profiles[request.profile]
         runsc_path = runsc.find_runsc()
         caps = runsc.capabilities(runsc_path, self.node_dir)
@@ -255,18 +251,17 @@ class Supervisor:
         """
         from slurmbox.sandbox.step_broker import BROKER_MOUNT, StepBroker
 
+        script = self.args.batch_script  # from slurmstepd via the shim, not from the launcher
+        if not script or not os.path.isfile(script):
+            raise StepFailure("the batch script of job %s was not found on this node" % self.args.job)
         broker = StepBroker.create(self.args.step_dir, self.args.uid, self.args.gid, groups, fds, task_cwd,
                                    self.args.slurm_conf, self.args.job)
         broker.start()
         self.brokers.append(broker)
         install_root = os.path.dirname(sys.prefix)  # <prefix>/venv -> <prefix>: launcher and its python
-        srun_path = shutil.which("srun", path="/usr/local/bin:/usr/bin:/bin") or "/usr/bin/srun"
-        script = self.args.batch_script  # from slurmstepd via the shim, not from the launcher
-        if not script or not os.path.isfile(script):
-            raise StepFailure("the batch script of job %s was not found on this node" % self.args.job)
-        mounts = [bundle.Mount(script, script, True), bundle.Mount(install_root, install_root, True),
-                  bundle.Mount(broker.directory, BROKER_MOUNT, False),
-                  bundle.Mount(self.args.launcher, srun_path, True)]
+        mounts = [options.Mount(script, script, True), options.Mount(install_root, install_root, True),
+                  options.Mount(broker.directory, BROKER_MOUNT, False),
+                  options.Mount(self.args.launcher, broker.srun, True)]  # srun's proxy over the node's srun
         process["env"] = [e for e in process["env"] if not e.startswith(("SLURMBOX_STEP_BROKER=", "SLURMBOX_SANDBOX="))]
         process["env"] += ["SLURMBOX_STEP_BROKER=%s" % BROKER_MOUNT, "SLURMBOX_SANDBOX=%s" % request.profile]
         return mounts, prefix + ["--host-uds=create"]

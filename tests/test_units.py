@@ -266,6 +266,10 @@ def test_mounts_resolve_symlinks_before_policy_checks(tmp_path):
     for system in ("/dev", "/proc/self", "/sys"):
         with pytest.raises(options.OptionError, match="system directory"):
             options.resolve({"sandbox": "", "mounts": "%s:/x" % system}, policy, "gpu")
+    runtime = tmp_path / "run"
+    (runtime / "n1").mkdir(parents=True)
+    with pytest.raises(options.OptionError, match="runtime directory"):
+        options.resolve({"sandbox": "", "mounts": "%s/n1:/x" % runtime}, policy, "gpu", runtime_dir=str(runtime))
 
 
 def test_broker_keeps_loader_variables_and_foreign_job_ids_away_from_srun():
