@@ -255,15 +255,18 @@ static int trusted_partition(uint32_t jobid, char *buf, size_t len)
 	}
 	close(pipefd[1]);
 	size_t used = 0;
+	char drain[4096];
 	for (;;) {
-		ssize_t n = read(pipefd[0], out + used, sizeof(out) - 1 - used);
+		/* Past the buffer, keep reading (and dropping) so scontrol never blocks on a full pipe. */
+		int full = used == sizeof(out) - 1;
+		ssize_t n = full ? read(pipefd[0], drain, sizeof(drain))
+				 : read(pipefd[0], out + used, sizeof(out) - 1 - used);
 		if (n < 0 && errno == EINTR)
 			continue;
 		if (n <= 0)
 			break;
-		used += (size_t)n;
-		if (used == sizeof(out) - 1)
-			break;
+		if (!full)
+			used += (size_t)n;
 	}
 	out[used] = '\0';
 	close(pipefd[0]);
