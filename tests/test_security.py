@@ -78,7 +78,9 @@ def test_mount_sources_the_user_cannot_read_are_refused(cluster, workdir):
     assert "--sandbox-mounts" in result.stderr and "may not read /root" in result.stderr
 
 
-def test_a_forged_partition_in_the_environment_does_not_lift_the_sandbox_requirement(cluster, workdir):
+def test_no_sandbox_is_refused_for_a_step_joining_a_job_on_a_required_partition(cluster, workdir):
+    # The forged SLURM_JOB_PARTITION is overridden by stock srun itself, so this checks the refusal for
+    # steps joining such a job; a modified client that forges it is what the shim's slurmctld lookup stops.
     job = cluster.run(["sbatch", "--parsable", "-p", "secure", "--wrap", "sleep 120"], cwd=workdir).stdout.strip()
     try:
         cluster.wait_for(lambda: cluster.job_state(job) == "RUNNING", what="job %s to run" % job)
