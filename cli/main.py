@@ -1,11 +1,47 @@
 """``slurmbox`` command line: plugin install, dev cluster, sandbox listing."""
 
+import importlib
 import json
 
 import click
 
 
-@click.group()
+class LazyGroup(click.Group):
+    """A click group whose subcommands live in their own modules, imported on first use.
+
+    ``lazy`` maps a command name to ``"module:attribute"``. A broken or slow
+    subcommand module then costs nothing to the others (``slurmbox --help``
+    lists every name without importing them).
+    """
+
+    def __init__(self, *args, lazy=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.lazy = dict(lazy or {})
+
+    def list_commands(self, ctx):
+        return sorted(set(super().list_commands(ctx)) | set(self.lazy))
+
+    def get_command(self, ctx, name):
+        if name in self.lazy:
+            module_name, attribute = self.lazy[name].split(":")
+            return getattr(importlib.import_module(module_name), attribute)
+        return super().get_command(ctx, name)
+
+
+# Subcommand groups, each in its own module under slurmbox/cli/.
+SUBCOMMANDS = {
+    "config": "slurmbox.cli.config_cmd:config",
+    "doctor": "slurmbox.cli.doctor_cmd:doctor",
+    "sandbox": "slurmbox.cli.sandbox_cmd:sandbox",
+    "topology": "slurmbox.cli.topology_cmd:topology",
+    "checkpoint": "slurmbox.cli.checkpoint_cmd:checkpoint",
+    "migrate": "slurmbox.cli.migrate_cmd:migrate",
+    "spot-watch": "slurmbox.cli.migrate_cmd:spot_watch",
+    "measure": "slurmbox.cli.measure_cmd:measure",
+}
+
+
+@click.group(cls=LazyGroup, lazy=SUBCOMMANDS)
 def cli():
     """slurmbox: run Slurm job steps inside gVisor sandboxes.
 

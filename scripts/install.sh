@@ -7,6 +7,9 @@ PREFIX=${SLURMBOX_PREFIX:-/opt/slurmbox}
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 if [ "$(id -u)" != 0 ]; then echo "install.sh: run as root" >&2; exit 1; fi
 export DEBIAN_FRONTEND=noninteractive
+# One install at a time: concurrent runs would interleave pip and apt in the same venv.
+exec 9>/run/lock/slurmbox-install.lock
+flock 9
 if ! dpkg -s slurm-wlm slurmd slurmctld munge libslurm-dev runsc python3-venv iproute2 util-linux gcc >/dev/null 2>&1; then
     apt-get update -qq
     apt-get install -y -qq slurm-wlm slurmd slurmctld munge libslurm-dev runsc python3-venv python3-dev \

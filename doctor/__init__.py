@@ -1,0 +1,1 @@
+"""Per-node health checks (slurmbox doctor)."""

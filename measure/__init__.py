@@ -1,0 +1,1 @@
+"""Trusted measurement of untrusted candidates run in sandboxes (slurmbox measure)."""

@@ -1,0 +1,110 @@
+"""Slurm through its commands: ``scontrol``/``squeue``/``sinfo`` run as subprocesses.
+
+Slurm 22.05's ``scontrol`` has no ``--json`` (``squeue``/``sinfo`` do, openapi
+v0.0.38), and PyPI's pyslurm does not match Debian's Slurm, so records are read
+from ``scontrol -o show ...`` one-line output: ``Key=Value`` pairs separated by
+spaces, where a value may itself contain spaces (``Reason=Not responding``).
+Format: scontrol(1), "show ENTITY ID" with ``-o``/``--oneliner``.
+
+All functions honour ``SLURM_CONF`` from ``env`` (default: this process's
+environment) and raise :class:`SlurmCommandError` when a command fails.
+"""
+
+import os
+import re
+import subprocess
+
+# A key starts a new field when preceded by a space: "Key=" where Key is word characters
+# (Slurm also uses "/" and ":" in a few keys, e.g. "Socks/Node", "MinCPUsNode").
+_FIELD_START = re.compile(r"(?:^| )([A-Za-z][A-Za-z0-9_/:.]*)=")
+
+
+class SlurmCommandError(RuntimeError):
+    """A Slurm command exited non-zero or could not be started; ``str()`` says which and why."""
+
+
+def run_command(argv, env=None, timeout=30):
+    """Run a Slurm client command; returns its stdout (str).
+
+    Raises SlurmCommandError with the command and its stderr when it fails.
+    """
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise SlurmCommandError("%s: %s" % (" ".join(argv), err)) from err
+    if proc.returncode != 0:
+        raise SlurmCommandError("%s failed (exit %d): %s" % (" ".join(argv), proc.returncode,
+                                                             proc.stderr.strip() or proc.stdout.strip()))
+    return proc.stdout
+
+
+def parse_oneliner(line):
+    """``Key=Value ...`` text of one ``scontrol -o show`` record -> dict of str to str.
+
+    Values keep inner spaces; a repeated key keeps its last value.
+    """
+    line = line.strip()
+    matches = list(_FIELD_START.finditer(line))
+    record = {}
+    for index, match in enumerate(matches):
+        end = matches[index + 1].start() if index + 1 < len(matches) else len(line)
+        record[match.group(1)] = line[match.end():end].strip()
+    return record
+
+
+def show(entity, ident=None, env=None, details=False):
+    """Records of ``scontrol -o [-d] show ENTITY [ID]`` -> list of dicts (one per line)."""
+    argv = ["scontrol", "-o"] + (["-d"] if details else []) + ["show", entity]
+    if ident is not None:
+        argv.append(str(ident))
+    out = run_command(argv, env=env)
+    return [parse_oneliner(line) for line in out.splitlines() if "=" in line]
+
+
+def show_job(job_id, env=None, details=False):
+    """The job record of ``job_id`` (dict); raises SlurmCommandError when unknown."""
+    records = show("job", job_id, env=env, details=details)
+    if not records:
+        raise SlurmCommandError("scontrol show job %s returned no record" % job_id)
+    return records[0]
+
+
+def show_node(node, env=None):
+    """The node record of ``node`` (dict)."""
+    records = show("node", node, env=env)
+    if not records:
+        raise SlurmCommandError("scontrol show node %s returned no record" % node)
+    return records[0]
+
+
+def expand_hostlist(hostlist, env=None):
+    """``n[1-3],x`` -> ["n1", "n2", "n3", "x"] through ``scontrol show hostnames``."""
+    if not hostlist or hostlist == "(null)":
+        return []
+    return run_command(["scontrol", "show", "hostnames", hostlist], env=env).split()
+
+
+def requeue(job_id, env=None, hold=False):
+    """``scontrol requeue[hold] JOB``: put a running job back in the queue."""
+    run_command(["scontrol", "requeuehold" if hold else "requeue", str(job_id)], env=env)
+
+
+def drain_node(node, reason, env=None):
+    """``scontrol update NodeName=NODE State=DRAIN Reason=...``; ``reason`` must be non-empty."""
+    if not reason:
+        raise ValueError("a drain needs a reason")
+    run_command(["scontrol", "update", "NodeName=%s" % node, "State=DRAIN", "Reason=%s" % reason], env=env)
+
+
+def running_jobs_on_node(node, env=None):
+    """Ids (str) of jobs RUNNING on ``node`` (``squeue -h -w NODE -t R -o %A``)."""
+    out = run_command(["squeue", "-h", "-w", node, "-t", "RUNNING", "-o", "%A"], env=env)
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+def slurm_env(slurm_conf=None):
+    """An environment for Slurm commands, with ``SLURM_CONF`` set when given."""
+    env = dict(os.environ)
+    if slurm_conf:
+        env["SLURM_CONF"] = slurm_conf
+    return env
