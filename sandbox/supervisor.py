@@ -220,6 +220,7 @@ class Supervisor:
             os.write(fds[1], (json.dumps(spec, indent=2, sort_keys=True) + "\n").encode())
             send_frame(conn, {"exit": 0})
             return
+        self._record_once(request, plan, spec, prefix)
         relay = StdioRelay(fds, spec["process"]["terminal"])
         try:
             if self.args.local_tasks == 1:
@@ -229,6 +230,19 @@ class Supervisor:
         finally:
             relay.started()
         self._relay(conn, proc, prefix, kill_args, relay)
+
+    def _record_once(self, request, plan, spec, prefix):
+        """Write the sandbox's record for `slurmbox sandbox ls/inspect` (first task only)."""
+        with self.lock:
+            if getattr(self, "recorded", False):
+                return
+            self.recorded = True
+        from slurmbox.sandbox import registry
+        try:
+            registry.write_record(self.args.step_dir, registry.build_record(self.args, request, plan, spec, prefix),
+                                  self.args.uid)
+        except OSError as err:  # listing is a convenience: never fail the step for it
+            print("slurmbox: cannot write the sandbox record: %s" % err, file=sys.stderr)
 
     def _peer_cwd(self, peer_pid, groups):
         """The launcher's working directory as the kernel resolved it (never the message's word)."""

@@ -1,0 +1,259 @@
+"""The sandboxes running on this machine: records, listing, inspection, kill.
+
+Each sandboxed step has a runtime directory ``<runtime_dir>/<node>/<job>.<step>``
+(created by the SPANK shim). When the step's sandbox starts, the supervisor
+writes two copies of a record there (:func:`write_record`):
+
+- ``sandbox.json``: root-owned, mode 0600; what root's tools trust.
+- ``sandbox.owner.json``: owned by the job's user, mode 0400, so that user can
+  see their own sandboxes (the node directory is 0711 and the step directory
+  0710 root:<job gid>, so nobody else can list or read it). The owner could
+  rewrite this copy, which is why root's view never reads it.
+
+A record: ``{"id": "<job>.<step>", "job", "step", "node", "uid", "user",
+"partition", "profile", "container", "created" (Unix seconds), "local_tasks",
+"network", "platform", "image", "devices": [host paths], "mounts": [...],
+"spec": OCI config without process.env}``.
+"""
+
+import json
+import os
+import pwd
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+
+from slurmbox.sandbox import runsc
+
+RECORD_NAME = "sandbox.json"
+OWNER_RECORD_NAME = "sandbox.owner.json"
+LOG_SUBDIR = "log"
+
+
+class SandboxError(RuntimeError):
+    """A sandbox id is unknown, or the caller may not see or act on it."""
+
+
+def _spec_without_env(spec):
+    process = dict(spec.get("process", {}))
+    process.pop("env", None)  # may hold the user's secrets; `inspect` shows the sandbox, not the job
+    return dict(spec, process=process)
+
+
+def build_record(args, request, plan, spec, runsc_prefix):
+    """The record of a sandbox that is about to start (dict, see module docstring).
+
+    ``args``: the supervisor's parsed arguments; ``request``: options.SandboxRequest;
+    ``plan``: devices.DevicePlan; ``spec``: the OCI config; ``runsc_prefix``: the runsc argv prefix.
+    """
+    try:
+        user = pwd.getpwuid(args.uid).pw_name
+    except KeyError:
+        user = str(args.uid)
+    platform = runsc_prefix[runsc_prefix.index("--platform") + 1] if "--platform" in runsc_prefix else ""
+    return {
+        "id": "%s.%s" % (args.job, args.step), "job": str(args.job), "step": str(args.step), "node": args.node,
+        "uid": args.uid, "user": user, "partition": args.partition, "profile": request.profile,
+        "container": "slurmbox-%s.%s" % (args.job, args.step), "created": round(time.time(), 3),
+        "local_tasks": args.local_tasks, "network": request.network, "platform": platform,
+        "image": request.image or "/", "devices": [d.host_path for d in plan.devices],
+        "device_env": dict(plan.env), "mounts": [m for m in spec.get("mounts", [])],
+        "spec": _spec_without_env(spec),
+    }
+
+
+def write_record(step_dir, record, uid):
+    """Write ``record`` as ``sandbox.json`` (root, 0600) and ``sandbox.owner.json`` (``uid``, 0400).
+
+    Each file is written under a temporary name and renamed, so readers never see half a record.
+    """
+    data = json.dumps(record, indent=2, sort_keys=True) + "\n"
+    for name, owner, mode in ((RECORD_NAME, 0, 0o600), (OWNER_RECORD_NAME, uid, 0o400)):
+        tmp = os.path.join(step_dir, "." + name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        try:
+            os.write(fd, data.encode())
+            os.fchown(fd, owner, -1)
+            os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
+        os.replace(tmp, os.path.join(step_dir, name))
+
+
+@dataclass
+class SandboxEntry:
+    """One sandbox as ``slurmbox sandbox ls`` shows it; ``age_s`` in seconds.
+
+    ``state``: runsc's container status (``running``, ``created``, ``stopped``)
+    when root asks, ``starting`` before the sandbox exists, ``running`` for
+    the owner's own steps (which Slurm reports as running).
+    """
+
+    id: str
+    job: str
+    step: str
+    node: str
+    user: str
+    uid: int
+    age_s: float
+    state: str
+    step_dir: str
+
+    def to_json(self):
+        """JSON-ready dict of this entry."""
+        return asdict(self)
+
+
+def _read_json(path):
+    try:
+        with open(path) as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return None
+
+
+def runsc_status(node_dir, container):
+    """runsc's status of ``container`` in ``node_dir``'s state root, or None (root only)."""
+    try:
+        binary = runsc.find_runsc()
+    except runsc.RunscError:
+        return None
+    state_root = os.path.join(node_dir, runsc.RUNSC_STATE_SUBDIR)
+    proc = subprocess.run([binary, "--root", state_root, "state", container], capture_output=True, text=True)
+    if proc.returncode != 0:
+        return None
+    try:
+        return json.loads(proc.stdout).get("status", "").lower() or None
+    except ValueError:
+        return None
+
+
+def _entry(step_dir, node, as_root):
+    name = os.path.basename(step_dir)
+    job, _, step = name.partition(".")
+    record = _read_json(os.path.join(step_dir, RECORD_NAME if as_root else OWNER_RECORD_NAME))
+    try:
+        info = os.stat(step_dir)
+    except OSError:
+        return None
+    if record is None:
+        uid, user, created = info.st_gid, "?", info.st_mtime
+        state = "starting"
+    else:
+        uid, user, created = record["uid"], record["user"], record["created"]
+        state = (runsc_status(os.path.dirname(step_dir), record["container"]) or "starting") if as_root \
+            else "running"
+    if as_root and record is None:
+        try:  # the socket is owned by the job's user (the shim chowns it)
+            uid = os.stat(os.path.join(step_dir, "supervisor.sock")).st_uid
+            user = pwd.getpwuid(uid).pw_name
+        except (OSError, KeyError):
+            pass
+    return SandboxEntry(id=name, job=job, step=step, node=node, user=user, uid=uid,
+                        age_s=round(max(0.0, time.time() - created), 1), state=state, step_dir=step_dir)
+
+
+def _root_step_dirs(runtime_dir):
+    try:
+        nodes = sorted(os.listdir(runtime_dir))
+    except OSError:
+        return
+    for node in nodes:
+        node_dir = os.path.join(runtime_dir, node)
+        if not os.path.isdir(node_dir) or node == LOG_SUBDIR:
+            continue
+        for entry in sorted(os.listdir(node_dir)):
+            path = os.path.join(node_dir, entry)
+            if "." in entry and os.path.isdir(path) and not os.path.islink(path):
+                yield node, path
+
+
+def _owner_step_dirs(runtime_dir, user, slurm_env):
+    """Step directories of ``user``'s running jobs, found through Slurm (the user cannot list nodes)."""
+    from slurmbox.slurm_client.scontrol import SlurmCommandError, expand_hostlist, run_command
+
+    try:
+        jobs = run_command(["squeue", "-h", "-u", user, "-t", "RUNNING", "-o", "%A %N"], env=slurm_env)
+        steps = run_command(["squeue", "-h", "-s", "-u", user, "-o", "%i %N"], env=slurm_env)
+    except SlurmCommandError as err:
+        raise SandboxError("cannot list your jobs: %s" % err)
+    candidates = set()
+    for line in jobs.splitlines():
+        if len(line.split()) == 2:
+            job, nodes = line.split()
+            candidates.update((node, "%s.batch" % job) for node in expand_hostlist(nodes, env=slurm_env)[:1])
+    for line in steps.splitlines():
+        if len(line.split()) == 2:
+            step_id, nodes = line.split()
+            candidates.update((node, step_id) for node in expand_hostlist(nodes, env=slurm_env))
+    for node, name in sorted(candidates):
+        path = os.path.join(runtime_dir, node, name)
+        if os.path.isfile(os.path.join(path, OWNER_RECORD_NAME)):
+            yield node, path
+
+
+def list_sandboxes(runtime_dir, uid=None, slurm_env=None):
+    """Sandboxes under ``runtime_dir`` that the caller (``uid``, default: this process) may see.
+
+    Root sees every node directory; any other user sees only the sandboxes of
+    their own running jobs (found through ``squeue``). Returns a list of
+    SandboxEntry sorted by node and id. Raises SandboxError when Slurm cannot be asked.
+    """
+    uid = os.geteuid() if uid is None else uid
+    if uid == 0:
+        found = (_entry(path, node, True) for node, path in _root_step_dirs(runtime_dir))
+    else:
+        user = pwd.getpwuid(uid).pw_name
+        found = (_entry(path, node, False) for node, path in _owner_step_dirs(runtime_dir, user, slurm_env))
+    return [entry for entry in found if entry is not None and (uid == 0 or entry.uid == uid)]
+
+
+def find(runtime_dir, sandbox_id, node=None, uid=None, slurm_env=None):
+    """The sandboxes ``sandbox_id`` (``JOB.STEP``, optionally ``--node``) names -> list of SandboxEntry.
+
+    A multi-node step has one sandbox per node; on a machine running several
+    nodes (the dev cluster) the id can match several. Raises SandboxError when
+    nothing the caller may see matches.
+    """
+    if "." not in sandbox_id or "/" in sandbox_id:
+        raise SandboxError("sandbox ids look like JOB.STEP (e.g. 1234.0 or 1234.batch), not %r; "
+                           "see `slurmbox sandbox ls`" % sandbox_id)
+    matches = [entry for entry in list_sandboxes(runtime_dir, uid, slurm_env)
+               if entry.id == sandbox_id and (node is None or entry.node == node)]
+    if not matches:
+        raise SandboxError("no sandbox %s%s that you may see; see `slurmbox sandbox ls`"
+                           % (sandbox_id, " on node %s" % node if node else ""))
+    return matches
+
+
+def read_record(entry, as_root):
+    """The record of ``entry`` (dict), from root's copy when ``as_root``; raises SandboxError if absent."""
+    record = _read_json(os.path.join(entry.step_dir, RECORD_NAME if as_root else OWNER_RECORD_NAME))
+    if record is None:
+        raise SandboxError("sandbox %s on %s has not started yet (no record)" % (entry.id, entry.node))
+    return record
+
+
+def kill(entry, reason="killed by an administrator"):
+    """Kill every process of ``entry``'s sandbox with SIGKILL (root only).
+
+    The tasks end as if killed by SIGKILL, which the job sees as an ordinary
+    failure; the supervisor then tears the sandbox down as after any task end.
+    The kill is written to the step's slurmbox log. Raises SandboxError when
+    runsc refuses (e.g. the sandbox already stopped).
+    """
+    if os.geteuid() != 0:
+        raise SandboxError("only root may kill sandboxes; to end your own job use scancel")
+    node_dir = os.path.dirname(entry.step_dir)
+    binary = runsc.find_runsc()
+    state_root = os.path.join(node_dir, runsc.RUNSC_STATE_SUBDIR)
+    container = "slurmbox-" + entry.id
+    proc = subprocess.run([binary, "--root", state_root, "kill", "--all", container, "KILL"],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SandboxError("runsc could not kill %s on %s: %s" % (entry.id, entry.node,
+                                                                  proc.stderr.strip() or "no running sandbox"))
+    log_dir = os.path.join(node_dir, LOG_SUBDIR)
+    if os.path.isdir(log_dir):
+        with open(os.path.join(log_dir, entry.id + ".log"), "a") as log:
+            log.write("%s slurmbox sandbox kill: %s (by uid 0)\n" % (time.strftime("%Y-%m-%dT%H:%M:%S"), reason))
