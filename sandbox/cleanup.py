@@ -23,20 +23,30 @@ def container_id_of(step_dir):
     return "slurmbox-" + os.path.basename(os.path.normpath(step_dir))
 
 
-def _stop_supervisor(step_dir, *aliases):
+def supervisor_pid(step_dir, *aliases):
+    """Pid of the step's live supervisor (from ``supervisor.pid``), or None.
+
+    The pid counts only while its command line names the supervisor module and
+    this step directory (or one of ``aliases``), so a reused pid is never taken.
+    """
     try:
         with open(os.path.join(step_dir, "supervisor.pid")) as handle:
             pid = int(handle.read().strip())
-    except (OSError, ValueError):
-        return
-    if pid == os.getpid():
-        return
-    try:
         with open("/proc/%d/cmdline" % pid, "rb") as handle:
             cmdline = handle.read().split(b"\0")
-        names = {step_dir.encode()} | {alias.encode() for alias in aliases}
-        if b"slurmbox.sandbox.supervisor" not in cmdline or not names.intersection(cmdline):
-            return  # pid reused by something else
+    except (OSError, ValueError):
+        return None
+    names = {step_dir.encode()} | {alias.encode() for alias in aliases}
+    if b"slurmbox.sandbox.supervisor" not in cmdline or not names.intersection(cmdline):
+        return None
+    return pid
+
+
+def _stop_supervisor(step_dir, *aliases):
+    pid = supervisor_pid(step_dir, *aliases)
+    if pid is None or pid == os.getpid():
+        return
+    try:
         os.kill(pid, signal.SIGKILL)
     except OSError:
         pass

@@ -23,7 +23,7 @@ import subprocess
 import time
 from dataclasses import asdict, dataclass
 
-from slurmbox.sandbox import runsc
+from slurmbox.sandbox import cleanup, runsc
 
 RECORD_NAME = "sandbox.json"
 OWNER_RECORD_NAME = "sandbox.owner.json"
@@ -85,8 +85,9 @@ class SandboxEntry:
     """One sandbox as ``slurmbox sandbox ls`` shows it; ``age_s`` in seconds.
 
     ``state``: runsc's container status (``running``, ``created``, ``stopped``)
-    when root asks, ``starting`` before the sandbox exists, ``running`` for
-    the owner's own steps (which Slurm reports as running).
+    when root asks, ``starting`` before the sandbox has a record, ``ending``
+    once its supervisor is gone, ``running`` for the owner's own steps (which
+    Slurm reports as running).
     """
 
     id: str
@@ -112,14 +113,41 @@ def _read_json(path):
         return None
 
 
-def runsc_status(node_dir, container):
-    """runsc's status of ``container`` in ``node_dir``'s state root, or None (root only)."""
+def _in_node_netns(step_dir, argv):
+    """``argv`` run in the network namespace of the step's supervisor when it differs from ours.
+
+    runsc reaches a sandbox through an abstract unix socket, which lives in the
+    network namespace of the ``runsc run`` that created it (slurmd's). On a
+    real node that is ours; on a machine running several dev-cluster nodes it
+    is the node's namespace. Returns None when the supervisor is gone.
+    """
+    pid = cleanup.supervisor_pid(os.path.realpath(step_dir), step_dir)
+    if pid is None:
+        return None
+    netns = "/proc/%d/ns/net" % pid
+    try:
+        if os.stat(netns).st_ino == os.stat("/proc/self/ns/net").st_ino:
+            return argv
+    except OSError:
+        return None
+    return ["nsenter", "--net=%s" % netns, "--"] + argv
+
+
+def _runsc_argv(step_dir, *args):
     try:
         binary = runsc.find_runsc()
     except runsc.RunscError:
         return None
-    state_root = os.path.join(node_dir, runsc.RUNSC_STATE_SUBDIR)
-    proc = subprocess.run([binary, "--root", state_root, "state", container], capture_output=True, text=True)
+    state_root = os.path.join(os.path.dirname(step_dir), runsc.RUNSC_STATE_SUBDIR)
+    return _in_node_netns(step_dir, [binary, "--root", state_root] + list(args))
+
+
+def runsc_status(step_dir, container):
+    """runsc's status of ``container`` of the step in ``step_dir`` (``running``...), or None (root only)."""
+    argv = _runsc_argv(step_dir, "state", container)
+    if argv is None:
+        return None
+    proc = subprocess.run(argv, capture_output=True, text=True)
     if proc.returncode != 0:
         return None
     try:
@@ -141,7 +169,7 @@ def _entry(step_dir, node, as_root):
         state = "starting"
     else:
         uid, user, created = record["uid"], record["user"], record["created"]
-        state = (runsc_status(os.path.dirname(step_dir), record["container"]) or "starting") if as_root \
+        state = (runsc_status(step_dir, record["container"]) or "ending") if as_root \
             else "running"
     if as_root and record is None:
         try:  # the socket is owned by the job's user (the shim chowns it)
@@ -245,11 +273,10 @@ def kill(entry, reason="killed by an administrator"):
     if os.geteuid() != 0:
         raise SandboxError("only root may kill sandboxes; to end your own job use scancel")
     node_dir = os.path.dirname(entry.step_dir)
-    binary = runsc.find_runsc()
-    state_root = os.path.join(node_dir, runsc.RUNSC_STATE_SUBDIR)
-    container = "slurmbox-" + entry.id
-    proc = subprocess.run([binary, "--root", state_root, "kill", "--all", container, "KILL"],
-                          capture_output=True, text=True)
+    argv = _runsc_argv(entry.step_dir, "kill", "--all", "slurmbox-" + entry.id, "KILL")
+    if argv is None:
+        raise SandboxError("sandbox %s on %s is not running (its supervisor is gone)" % (entry.id, entry.node))
+    proc = subprocess.run(argv, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SandboxError("runsc could not kill %s on %s: %s" % (entry.id, entry.node,
                                                                   proc.stderr.strip() or "no running sandbox"))
