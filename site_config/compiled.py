@@ -12,7 +12,7 @@ import json
 import os
 from dataclasses import dataclass, field
 
-COMPILED_FORMAT = 1
+COMPILED_FORMAT = 2
 
 
 @dataclass(frozen=True)
@@ -29,23 +29,71 @@ class Profile:
     platform: str = "auto"
     runsc_flags: tuple = ()
     allow_unproxied_devices: bool = False
+    memory_limit_mb: int = 0
+    pids_limit: int = 0
+    wall_limit_s: int = 0
 
 
 @dataclass(frozen=True)
 class PartitionPolicy:
-    """Sandbox policy of one partition: ``sandbox`` is required|optional|forbidden."""
+    """Policy of one partition.
+
+    ``sandbox``: required|optional|forbidden; ``default_profile`` and
+    ``allowed_profiles`` (empty = any defined profile); ``preemptible``: a
+    spot partition whose jobs Slurm may preempt (requeue); ``checkpoint_mode``:
+    transparent (slurmbox checkpoints the sandbox with runsc) | signal (the
+    job checkpoints itself on a signal) | none; ``checkpoint_interval_s``:
+    seconds between periodic checkpoints, 0 = none; ``restore_fallback``:
+    fresh (start the job from scratch) | fail, when no valid checkpoint image
+    is left.
+    """
 
     sandbox: str = "optional"
     default_profile: str = "default"
     allowed_profiles: tuple = ()
+    preemptible: bool = False
+    checkpoint_mode: str = "transparent"
+    checkpoint_interval_s: int = 0
+    restore_fallback: str = "fresh"
+
+
+@dataclass(frozen=True)
+class CheckpointStore:
+    """Where checkpoint images live: ``path`` (a directory every node sees),
+    ``keep_last`` images kept per job, ``compression`` none|gzip|zstd of the
+    stored image, and ``min_free_mb`` (MB) that must stay free before a new
+    checkpoint is written (0 = no floor)."""
+
+    path: str = "/var/lib/slurmbox/checkpoints"
+    keep_last: int = 2
+    compression: str = "none"
+    min_free_mb: int = 0
+
+
+@dataclass(frozen=True)
+class MeasurementPolicy:
+    """How benchmark steps measure kernels: ``exclusive_gpus`` (a measuring
+    step must hold its GPUs alone), ``clock_policy`` default|locked with
+    ``locked_sm_clock_mhz`` (MHz, 0 = the GPU's default application clock),
+    and cpuset strings (``"0-3"``, cpuset(7) list format) pinning the
+    measuring harness and the sandbox apart (empty = no pinning)."""
+
+    exclusive_gpus: bool = True
+    clock_policy: str = "default"
+    locked_sm_clock_mhz: int = 0
+    harness_cpus: str = ""
+    sandbox_cpus: str = ""
 
 
 @dataclass
 class SitePolicy:
-    """Profiles by name and partition policies by partition name."""
+    """Profiles by name, partition policies by partition name, the
+    checkpoint store and the measurement policy."""
 
     profiles: dict = field(default_factory=lambda: {"default": Profile()})
     partitions: dict = field(default_factory=dict)
+    checkpoint_store: CheckpointStore = field(default_factory=CheckpointStore)
+    measurement: MeasurementPolicy = field(default_factory=MeasurementPolicy)
 
     def partition(self, name):
         """Policy of partition ``name``; partitions not listed are optional/default."""
@@ -59,6 +107,8 @@ class SitePolicy:
             "format": COMPILED_FORMAT,
             "profiles": {n: tuples_to_lists(p) for n, p in sorted(self.profiles.items())},
             "partitions": {n: tuples_to_lists(p) for n, p in sorted(self.partitions.items())},
+            "checkpoint_store": tuples_to_lists(self.checkpoint_store),
+            "measurement": tuples_to_lists(self.measurement),
         }
 
     @classmethod
@@ -69,6 +119,8 @@ class SitePolicy:
         return cls(
             profiles={n: Profile(**lists_to_tuples(p)) for n, p in data["profiles"].items()},
             partitions={n: PartitionPolicy(**lists_to_tuples(p)) for n, p in data["partitions"].items()},
+            checkpoint_store=CheckpointStore(**data.get("checkpoint_store", {})),
+            measurement=MeasurementPolicy(**data.get("measurement", {})),
         )
 
 

@@ -1,6 +1,5 @@
 """Unit tests of option parsing, device mapping, site policy, bundles and framing."""
 
-import json
 import os
 import socket
 
@@ -9,8 +8,6 @@ import pytest
 from slurmbox.sandbox import bundle, devices, options
 from slurmbox.sandbox.launcher import recv_frame, send_frame
 from slurmbox.sandbox.supervisor import decode_status
-from slurmbox.site_config.compiled import SitePolicy, load_policy
-from slurmbox.site_config.model import SiteConfigError, load_site
 
 SCONTROL_DETAIL = """JobId=12 JobName=train
    UserId=alice(1001) GroupId=alice(1001) MCS_label=N/A
@@ -74,31 +71,6 @@ def test_resolve_applies_profiles_and_partition_policy():
     with pytest.raises(options.OptionError, match="outside the profile's allowed mount sources"):
         options.resolve({"sandbox": "strict", "mounts": "/tmp:/x"}, policy, "gpu")
     assert options.resolve({"sandbox": "yes", "network": "host"}, policy, "gpu").network == "host"
-
-
-def test_site_config_errors_name_the_key_and_never_crash():
-    with pytest.raises(SiteConfigError) as err:
-        load_site("cluster: x\npartitions:\n  p: {sandbox: sometimes}\n")
-    assert "partitions.p.sandbox" in str(err.value)
-    with pytest.raises(SiteConfigError, match="line 2"):
-        load_site("cluster: x\n  bad: [\n")
-    with pytest.raises(SiteConfigError, match="not defined under profiles"):
-        load_site("cluster: x\npartitions:\n  p: {default_profile: ghost}\n")
-    with pytest.raises(SiteConfigError, match="expected a mapping"):
-        load_site("- just\n- a list\n")
-    with pytest.raises(SiteConfigError, match="Extra inputs"):
-        load_site("cluster: x\nprofiles:\n  default: {netwrk: none}\n")
-
-
-def test_compiled_policy_cache_follows_the_source(tmp_path):
-    source = tmp_path / "site.yaml"
-    source.write_text(SITE)
-    first = load_policy(str(source), str(tmp_path / "cache"))
-    assert first.partition("secure").sandbox == "required"
-    source.write_text(SITE.replace("sandbox: required", "sandbox: optional"))
-    assert load_policy(str(source), str(tmp_path / "cache")).partition("secure").sandbox == "optional"
-    assert load_policy("", str(tmp_path)).partition("any").sandbox == "optional"
-    assert SitePolicy.from_json(json.loads(json.dumps(first.to_json()))).to_json() == first.to_json()
 
 
 def test_gres_conf_files_and_scontrol_allocation_parsing():
@@ -229,14 +201,6 @@ def test_frames_carry_json_and_descriptors():
     assert os.read(read_end, 2) == b"ok"
     left.close()
     assert recv_frame(right) == (None, [])
-
-
-@pytest.mark.parametrize("name", sorted(os.listdir(os.path.join(os.path.dirname(__file__), "..", "site-configs"))))
-def test_example_site_configs_validate(name):
-    path = os.path.join(os.path.dirname(__file__), "..", "site-configs", name)
-    with open(path) as handle:
-        site = load_site(handle.read(), path)
-    assert site.profiles and site.partitions
 
 
 def test_platform_auto_prefers_systrap_and_named_platforms_must_exist():
