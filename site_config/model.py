@@ -522,25 +522,25 @@ def _duplicate_keys(node, path=()):
             yield from _duplicate_keys(item, path + (str(index),))
 
 
-class _SiteLoader(yaml.SafeLoader):
+class SiteLoader(yaml.SafeLoader):
     """SafeLoader with YAML 1.2 scalars: no base-60 numbers, so ``1:30:00`` stays a Slurm time
     string (PyYAML would read it as the integer 5400), and only true/false are booleans, so
     ``preempt_mode: off`` stays the word Slurm uses."""
 
 
-_SiteLoader.yaml_implicit_resolvers = {
+SiteLoader.yaml_implicit_resolvers = {
     first: [(tag, regexp) for tag, regexp in resolvers
             if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float", "tag:yaml.org,2002:bool")]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
 for _first in "-+0123456789.":
-    _SiteLoader.yaml_implicit_resolvers.setdefault(_first, [])
-_SiteLoader.add_implicit_resolver(  # YAML 1.2 booleans only: "off"/"no" stay strings (preempt_mode: off)
+    SiteLoader.yaml_implicit_resolvers.setdefault(_first, [])
+SiteLoader.add_implicit_resolver(  # YAML 1.2 booleans only: "off"/"no" stay strings (preempt_mode: off)
     "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
-_SiteLoader.add_implicit_resolver(
+SiteLoader.add_implicit_resolver(
     "tag:yaml.org,2002:int",
     re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"),
     list("-+0123456789"))
-_SiteLoader.add_implicit_resolver(
+SiteLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
     re.compile(r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?|\.[0-9_]+(?:[eE][-+][0-9]+)?"
                r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
@@ -565,8 +565,8 @@ def load_site(text, source="<site config>"):
             raise SiteConfigError(source, [("", None, "not UTF-8 text (byte %d); a site configuration is YAML"
                                             % err.start)])
     try:
-        root = yaml.compose(text, Loader=_SiteLoader)
-        document = yaml.load(text, Loader=_SiteLoader)
+        root = yaml.compose(text, Loader=SiteLoader)
+        document = yaml.load(text, Loader=SiteLoader)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
