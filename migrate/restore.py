@@ -1,0 +1,89 @@
+"""Choose the checkpoint a requeued step restores from, and rebuild its OCI spec.
+
+The newest published checkpoint that verifies (manifest present, every file
+with the recorded size and sha256, written for the same user) is chosen; each
+newer one that does not is reported with the reason, so the job's output and
+the slurmbox log can say which checkpoint was skipped and why. Standard
+library only (step start path).
+"""
+
+import json
+import os
+from dataclasses import dataclass, field
+
+from slurmbox.migrate.store import SPEC, CheckpointError
+
+
+@dataclass
+class Selection:
+    """``checkpoint``: the Checkpoint to restore, or None; ``skipped``: list of
+    (Checkpoint, [problems]) for newer checkpoints that failed verification."""
+
+    checkpoint: object = None
+    skipped: list = field(default_factory=list)
+
+    def messages(self):
+        """Lines (str) for the job's stderr and the slurmbox log describing the choice."""
+        lines = []
+        for ckpt, problems in self.skipped:
+            lines.append("checkpoint %s of job %s step %s is unusable: %s"
+                         % (ckpt.name, ckpt.job, ckpt.step, "; ".join(problems)))
+        if self.checkpoint is not None:
+            m = self.checkpoint.manifest
+            lines.append("restoring job %s step %s from checkpoint %s (taken on %s at %s, %s)%s"
+                         % (self.checkpoint.job, self.checkpoint.step, self.checkpoint.name, m.get("node"),
+                            m.get("time"), m.get("reason", "checkpoint"),
+                            ", falling back past the newer one(s) above" if self.skipped else ""))
+        return lines
+
+
+def select_checkpoint(store, job, step, uid):
+    """The Selection for (``job``, ``step``) of user ``uid`` in ``store`` (a CheckpointStore).
+
+    Verifies newest first and stops at the first valid one. Interrupted
+    checkpoints (temporary directories) are never considered.
+    """
+    selection = Selection()
+    for ckpt in store.checkpoints(job, step):
+        verdict = store.verify(ckpt, uid=uid)
+        if verdict.valid:
+            selection.checkpoint = ckpt
+            break
+        selection.skipped.append((ckpt, verdict.problems))
+    return selection
+
+
+def restore_spec(ckpt, new_spec, batch_script=None):
+    """The OCI spec (dict) to restore ``ckpt`` with on this node.
+
+    runsc restores the sandbox's own state (processes, memory, mount table), so
+    the spec must describe the same mounts as the checkpointed one: it is the
+    saved spec, with each bind mount's host ``source`` taken from ``new_spec``
+    (this run's spec) for the same destination; the batch script, which lives
+    in this node's slurmd spool directory, is bound at the destination it had.
+    ``batch_script``: this run's script path. Raises CheckpointError when the
+    saved spec is missing or a saved mount has no counterpart here.
+    """
+    try:
+        with open(os.path.join(ckpt.path, SPEC)) as handle:
+            saved = json.load(handle)
+    except (OSError, ValueError) as err:
+        raise CheckpointError("checkpoint %s has no readable %s: %s" % (ckpt.name, SPEC, err))
+    sources = {m.get("destination"): m.get("source") for m in new_spec.get("mounts", []) if m.get("type") == "bind"}
+    old_script = (ckpt.manifest or {}).get("batch_script")
+    spec = dict(saved)
+    mounts = []
+    for mount in saved.get("mounts", []):
+        mount = dict(mount)
+        if mount.get("type") == "bind":
+            destination = mount.get("destination")
+            if old_script and destination == old_script and batch_script:
+                mount["source"] = batch_script
+            elif destination in sources:
+                mount["source"] = sources[destination]
+            elif not os.path.exists(mount.get("source", "")):
+                raise CheckpointError("checkpoint %s binds %s from %s, which does not exist on this node"
+                                      % (ckpt.name, destination, mount.get("source")))
+        mounts.append(mount)
+    spec["mounts"] = mounts
+    return spec

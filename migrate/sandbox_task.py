@@ -1,0 +1,237 @@
+"""The supervisor's side of checkpointing one running sandbox (a batch step's init).
+
+A CheckpointableTask follows one ``runsc run``/``runsc restore`` process of a
+step supervisor (slurmbox.sandbox.supervisor) and performs an *evacuation*
+when asked: by SIGTERM from a Slurm preemption (checked with slurmctld's
+``PreemptTime``), or by a root tool over the step's control socket (spot
+notice, maintenance). An evacuation is, in ``transparent`` mode: runsc
+checkpoint into the store (this stops the sandbox), publish, ``scontrol
+requeue``; in ``signal`` mode: send the program its checkpoint signal, wait
+for it to exit, ``scontrol requeue``. If the requeue is refused after a good
+checkpoint, the sandbox is restored here and keeps running. Every step of it
+is reported in the job's stderr and the slurmbox log.
+
+Standard library only; imported by the supervisor only for steps with a
+checkpoint mode other than ``none``.
+"""
+
+import os
+import signal
+import subprocess
+import threading
+
+from slurmbox.migrate import triggers
+from slurmbox.migrate.runsc_checkpoint import CheckpointFailed, checkpoint_sandbox, restore_argv, runsc_description
+from slurmbox.migrate.store import CheckpointError
+from slurmbox.slurm_client import scontrol
+
+#: Seconds a control-socket request waits for a signal-mode program to exit
+#: before the job is requeued anyway (Slurm then kills what is left).
+SIGNAL_DEADLINE_S = 60.0
+#: Seconds a control-socket request waits for a transparent evacuation.
+EVACUATION_TIMEOUT_S = 600.0
+
+
+class Evacuation:
+    """One checkpoint-and-requeue in progress: ``reason``; ``outcome`` once ``decided`` is set:
+    "requeued", "resumed" (checkpointed, not requeued, running here again), "lost" (the
+    program is gone and the job could not be requeued) or "forwarded" (a SIGTERM that was
+    not a preemption, passed to the program)."""
+
+    def __init__(self, reason):
+        self.reason = reason
+        self.decided = threading.Event()
+        self.outcome = None
+        self.message = ""
+        self.checkpoint = None
+        self.signalled = False
+
+    def finish(self, outcome, message=""):
+        """Record the outcome and wake every waiter."""
+        self.outcome, self.message = outcome, message or self.message
+        self.decided.set()
+
+    def answer(self):
+        """The control-socket reply (dict)."""
+        if not self.decided.is_set():
+            return {"outcome": "failed", "message": "the evacuation (%s) did not finish in time" % self.reason}
+        return {"outcome": self.outcome, "message": self.message, "checkpoint": self.checkpoint}
+
+
+class CheckpointableTask:
+    """One checkpointable sandbox of ``supervisor`` (see module docstring).
+
+    ``settings``: slurmbox.migrate.policy.CheckpointSettings; ``prefix``: runsc
+    command prefix; ``spec``: the sandbox's OCI spec (dict); ``child_fds``:
+    our duplicates of the (stdin, stdout, stderr) given to runsc, kept for a
+    local restore and closed by ``close``; ``err_fd``: the job's stderr.
+    ``proc``: the current runsc process (set by the supervisor).
+    """
+
+    def __init__(self, supervisor, settings, prefix, spec, child_fds, err_fd):
+        self.sup = supervisor
+        self.settings = settings
+        self.prefix = prefix
+        self.spec = spec
+        self.child_fds = child_fds
+        self.err_fd = err_fd
+        self.proc = None
+        self.lock = threading.Lock()
+        self.evacuation = None
+        self.closed = False
+
+    # -- triggers ------------------------------------------------------------------------
+    def on_signal(self, signum):
+        """A signal the launcher forwarded. Returns True when it was consumed here.
+
+        SIGTERM starts an evacuation if slurmctld says the job is being
+        preempted (else it is passed on); while an evacuation runs, further
+        SIGTERM/SIGCONT (Slurm ending the requeued job) are swallowed.
+        """
+        with self.lock:
+            if self.evacuation is not None:
+                return signum in (signal.SIGTERM, signal.SIGCONT)
+            if signum != signal.SIGTERM or self.closed:
+                return False
+            evacuation = self.evacuation = Evacuation("preemption")
+        threading.Thread(target=self._on_term, args=(evacuation,), daemon=True).start()
+        return True
+
+    def _on_term(self, evacuation):
+        try:
+            preempted = triggers.preempted(self.sup.args.job, env=self.sup._slurm_env())
+        except scontrol.SlurmCommandError as err:
+            self.sup.say(None, "cannot ask slurmctld whether SIGTERM is a preemption (%s); passing it on" % err)
+            preempted = False
+        if not preempted:
+            with self.lock:
+                self.evacuation = None
+            self._kill(signal.SIGTERM)
+            evacuation.finish("forwarded")
+            return
+        self._evacuate(evacuation)
+
+    def evacuate(self, reason, wait=True):
+        """Evacuate for ``reason`` (control socket); returns the Evacuation's answer dict."""
+        with self.lock:
+            if self.closed:
+                return {"outcome": "unsupported", "message": "the program of job %s has ended" % self.sup.args.job}
+            evacuation, start = self.evacuation, self.evacuation is None
+            if start:
+                evacuation = self.evacuation = Evacuation(reason)
+        if start:
+            self._evacuate(evacuation)
+        if wait:
+            deadline = SIGNAL_DEADLINE_S if self.settings.mode == "signal" else EVACUATION_TIMEOUT_S
+            if not evacuation.decided.wait(deadline) and self.settings.mode == "signal":
+                self.sup.say(self.err_fd, "the program did not exit within %.0f s of its checkpoint signal; "
+                             "requeueing the job anyway" % deadline)
+                self._requeue(evacuation, program_gone=False)
+        return evacuation.answer()
+
+    # -- the evacuation ------------------------------------------------------------------
+    def _evacuate(self, evacuation):
+        job = self.sup.args.job
+        if self.settings.mode == "signal":
+            evacuation.signalled = True
+            self.sup.say(self.err_fd, "%s: sending signal %d to the program so it saves its state; the job is "
+                         "requeued when it exits" % (evacuation.reason, self.settings.signal))
+            self._kill(self.settings.signal)
+            return  # decided in after_exit once the program has exited
+        ckpt = None
+        try:
+            store = self.sup.store()
+            pending = store.begin(job, self.sup.args.step, self.sup.args.uid)
+            for warning in store.warnings:
+                self.sup.say(None, warning)
+            fields = {"node": self.sup.args.node, "reason": evacuation.reason, "partition": self.sup.args.partition,
+                      "batch_script": self.sup.args.batch_script, "hostname": self.spec.get("hostname"),
+                      "runsc": runsc_description(self.prefix)}
+            ckpt, took = checkpoint_sandbox(self.prefix, self.sup.container_id, pending, fields, self.spec)
+            size_mb = sum(f["size"] for f in ckpt.manifest["files"]) / 1e6
+            evacuation.checkpoint = ckpt.path
+            self.sup.say(self.err_fd, "%s: checkpointed job %s as %s (%.1f MB, runsc checkpoint %.2f s)"
+                         % (evacuation.reason, job, ckpt.path, size_mb, took))
+        except CheckpointFailed as err:
+            self.sup.say(self.err_fd, "%s: checkpoint of job %s failed: %s. The sandbox has stopped; the job is "
+                         "requeued and restarts from its previous checkpoint, or from the beginning"
+                         % (evacuation.reason, job, err))
+        except (CheckpointError, OSError) as err:
+            self._kill(signal.SIGKILL)  # never leave a half-saved sandbox running unaccounted
+            self.sup.say(self.err_fd, "%s: no checkpoint of job %s: %s. The job is requeued and restarts from its "
+                         "previous checkpoint, or from the beginning" % (evacuation.reason, job, err))
+        self._requeue(evacuation, program_gone=True, ckpt=ckpt)
+
+    def _requeue(self, evacuation, program_gone, ckpt=None):
+        job = self.sup.args.job
+        try:
+            scontrol.requeue(job, env=self.sup._slurm_env())
+        except scontrol.SlurmCommandError as err:
+            if ckpt is not None:
+                self._resume_here(evacuation, ckpt, err)
+            elif program_gone:
+                evacuation.finish("lost", "job %s could not be requeued (%s) and its program has stopped" % (job, err))
+                self.sup.say(self.err_fd, evacuation.message)
+            else:
+                evacuation.finish("forwarded", "job %s could not be requeued: %s" % (job, err))
+                self.sup.say(self.err_fd, evacuation.message)
+            return
+        evacuation.finish("requeued", "job %s requeued (%s)%s" % (job, evacuation.reason,
+                                                                 ", checkpoint %s" % ckpt.name if ckpt else ""))
+        self.sup.say(self.err_fd, evacuation.message)
+
+    def _resume_here(self, evacuation, ckpt, err):
+        subprocess.run(self.prefix + ["delete", "--force", self.sup.container_id], capture_output=True, check=False)
+        proc = subprocess.Popen(restore_argv(self.prefix, ckpt.path, self.sup.bundle_dir, self.sup.container_id),
+                                stdin=self.child_fds[0], stdout=self.child_fds[1], stderr=self.child_fds[2],
+                                close_fds=True, start_new_session=True)
+        self.proc = proc
+        evacuation.finish("resumed", "job %s could not be requeued (%s); it continues here from checkpoint %s"
+                          % (self.sup.args.job, err, ckpt.name))
+        self.sup.say(self.err_fd, evacuation.message)
+
+    def after_exit(self):
+        """Called when the runsc process exited: the outcome of an evacuation that stopped it, or None.
+
+        Returns "requeued", "resumed" (``proc`` is the new process), "lost",
+        or None when the program simply ended (or a SIGTERM was passed on).
+        """
+        with self.lock:
+            evacuation = self.evacuation
+        if evacuation is None:
+            return None
+        if evacuation.signalled and not evacuation.decided.is_set():
+            self.sup.say(self.err_fd, "the program exited after its checkpoint signal")
+            self._requeue(evacuation, program_gone=False)
+        evacuation.decided.wait()
+        if evacuation.outcome == "resumed":
+            with self.lock:
+                self.evacuation = None
+            return "resumed"
+        if evacuation.outcome in ("requeued", "lost"):
+            return evacuation.outcome
+        return None
+
+    # -- end -----------------------------------------------------------------------------
+    def _kill(self, signum):
+        self.sup._kill(self.prefix, [self.sup.container_id], signum)
+
+    def close(self):
+        """The task is over: close our stdio duplicates (idempotent)."""
+        with self.lock:
+            self.closed = True
+            fds, self.child_fds = self.child_fds, []
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def forget_checkpoints(self):
+        """The program ended on its own: remove this step's checkpoints (they would restore a finished job)."""
+        if self.settings.mode != "transparent":
+            return
+        try:
+            self.sup.store().remove_step(self.sup.args.job, self.sup.args.step)
+        except (OSError, CheckpointError) as err:
+            self.sup.say(None, "cannot remove the finished job's checkpoints: %s" % err)

@@ -1,0 +1,280 @@
+"""The checkpoint store, restore selection and checkpoint settings, without a cluster."""
+
+import json
+import os
+import pwd
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from slurmbox.migrate import acl, policy
+from slurmbox.migrate.restore import restore_spec, select_checkpoint
+from slurmbox.migrate.store import CheckpointError, CheckpointStore, StoreFull, store_from_policy
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the store is root-owned; run as root")
+USER = "sbxuser"
+
+
+def _uid(name=USER):
+    try:
+        return pwd.getpwnam(name).pw_uid
+    except KeyError:
+        pytest.skip("user %s is missing; run scripts/install.sh" % name)
+
+
+def _write_checkpoint(store, job="7", step="batch", uid=None, payload=b"image-bytes" * 100, reason="test"):
+    pending = store.begin(job, step, uid if uid is not None else _uid())
+    with open(os.path.join(pending.image_dir, "checkpoint.img"), "wb") as handle:
+        handle.write(payload)
+    return pending.publish({"node": "n1", "reason": reason}, spec={"hostname": "n1", "mounts": []})
+
+
+@pytest.fixture
+def store(tmp_path):
+    root = tmp_path / "store"
+    return CheckpointStore(str(root), keep_last=2)
+
+
+@needs_root
+def test_published_checkpoint_has_a_complete_manifest_and_verifies(store):
+    ckpt = _write_checkpoint(store)
+    manifest = ckpt.manifest
+    assert ckpt.name == "ckpt-000001" and manifest["job"] == "7" and manifest["step"] == "batch"
+    assert manifest["node"] == "n1" and manifest["uid"] == _uid() and manifest["parent"] is None
+    files = {f["name"]: f for f in manifest["files"]}
+    assert files["checkpoint.img"]["size"] == len(b"image-bytes" * 100)
+    assert len(files["checkpoint.img"]["sha256"]) == 64 and manifest["spec_sha256"] == files["spec.json"]["sha256"]
+    assert store.verify(ckpt, uid=_uid()).valid
+    second = _write_checkpoint(store)
+    assert second.manifest["parent"] == "ckpt-000001"
+
+
+@needs_root
+def test_keeps_only_the_last_k(store):
+    for _ in range(4):
+        _write_checkpoint(store)
+    assert [c.name for c in store.checkpoints("7", "batch")] == ["ckpt-000004", "ckpt-000003"]
+
+
+@needs_root
+@pytest.mark.parametrize("damage", ["flip", "truncate", "no-manifest", "missing-file"])
+def test_corrupt_latest_falls_back_to_previous(store, damage):
+    _write_checkpoint(store, payload=b"first" * 1000)
+    latest = _write_checkpoint(store, payload=b"second" * 1000)
+    image = os.path.join(latest.path, "checkpoint.img")
+    if damage == "flip":
+        with open(image, "r+b") as handle:
+            handle.seek(1234)
+            byte = handle.read(1)
+            handle.seek(1234)
+            handle.write(bytes([byte[0] ^ 0x01]))
+    elif damage == "truncate":
+        os.truncate(image, 100)
+    elif damage == "no-manifest":
+        os.unlink(os.path.join(latest.path, "manifest.json"))
+    else:
+        os.unlink(image)
+    selection = select_checkpoint(store, "7", "batch", _uid())
+    assert selection.checkpoint.name == "ckpt-000001"
+    assert [c.name for c, _ in selection.skipped] == ["ckpt-000002"]
+    text = "\n".join(selection.messages())
+    expected = {"flip": "sha256 mismatch", "truncate": "truncated", "no-manifest": "missing manifest",
+                "missing-file": "checkpoint.img is missing"}[damage]
+    assert expected in text and "restoring job 7 step batch from checkpoint ckpt-000001" in text
+
+
+@needs_root
+def test_checkpoint_of_another_user_is_never_selected(store):
+    _write_checkpoint(store, uid=_uid())
+    selection = select_checkpoint(store, "7", "batch", _uid() + 1)
+    assert selection.checkpoint is None and "written for uid" in selection.skipped[0][1][0]
+
+
+@needs_root
+def test_interrupted_checkpoint_is_never_used_and_gc_removes_it(store, tmp_path):
+    good = _write_checkpoint(store)
+    # A writer killed while writing its image: a real process, SIGKILLed mid-write.
+    code = ("import sys, os\n"
+            "sys.path[:0] = %r\n"
+            "from slurmbox.migrate.store import CheckpointStore\n"
+            "p = CheckpointStore(%r).begin('7', 'batch', %d)\n"
+            "f = open(os.path.join(p.image_dir, 'checkpoint.img'), 'wb')\n"
+            "f.write(b'x' * 100000); f.flush()\n"
+            "print(p.image_dir, flush=True)\n"
+            "import time; time.sleep(60)\n" % (sys.path, store.root, _uid()))
+    writer = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    tmp_dir = writer.stdout.readline().strip()
+    writer.send_signal(signal.SIGKILL)
+    writer.wait()
+    assert os.path.isdir(tmp_dir)
+    assert [c.name for c in store.checkpoints("7", "batch")] == [good.name]
+    assert select_checkpoint(store, "7", "batch", _uid()).checkpoint.name == good.name
+    nxt = _write_checkpoint(store)  # the next sequence number skips past the interrupted one
+    assert nxt.seq == 3
+    removed = store.gc()
+    assert tmp_dir in removed and not os.path.exists(tmp_dir)
+
+
+@needs_root
+def test_permissions_root_and_job_user_only():
+    import shutil
+    import tempfile
+
+    base = tempfile.mkdtemp(prefix="sbx-ckpt-perm-", dir="/tmp")  # pytest's tmp_path is root-only
+    os.chmod(base, 0o755)
+    store = CheckpointStore(os.path.join(base, "store"))
+    try:
+        _check_permissions(store)
+    finally:
+        shutil.rmtree(base)
+
+
+def _check_permissions(store):
+    ckpt = _write_checkpoint(store)
+    for path in (store.job_dir("7"), store.step_dir("7", "batch"), ckpt.path,
+                 os.path.join(ckpt.path, "checkpoint.img")):
+        info = os.stat(path)
+        assert info.st_uid == 0 and info.st_mode & 0o007 == 0, path
+        entries = acl.decode_acl(os.getxattr(path, acl.POSIX_ACL_XATTR))
+        users = [(perm, ident) for tag, perm, ident in entries if tag == 0x02]
+        assert users == [(5 if os.path.isdir(path) else 4, _uid())], (path, entries)
+    # Through the kernel: the job's user reads, another user cannot even list.
+    other = _uid("sbxother")
+    for user, ok in ((USER, True), ("sbxother", False)):
+        result = subprocess.run(["runuser", "-u", user, "--", "cat", os.path.join(ckpt.path, "manifest.json")],
+                                capture_output=True, text=True)
+        assert (result.returncode == 0) == ok, (user, result.stderr)
+        listing = subprocess.run(["runuser", "-u", user, "--", "ls", store.job_dir("7")], capture_output=True)
+        assert (listing.returncode == 0) == ok, user
+    assert other != _uid()
+
+
+@needs_root
+def test_store_below_min_free_refuses_clearly(tmp_path):
+    store = CheckpointStore(str(tmp_path / "s"), min_free_mb=10 ** 9)
+    with pytest.raises(StoreFull, match="min_free_mb"):
+        store.begin("7", "batch", 0)
+
+
+@needs_root
+def test_store_full_while_publishing_leaves_previous_intact(tmp_path):
+    mount = tmp_path / "small"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)]).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        store = CheckpointStore(str(mount / "store"))
+        good = _write_checkpoint(store, payload=b"a" * 50000)
+        pending = store.begin("7", "batch", _uid())
+        free = os.statvfs(str(mount)).f_bavail * os.statvfs(str(mount)).f_frsize
+        with open(os.path.join(pending.image_dir, "checkpoint.img"), "wb") as handle:
+            handle.write(b"b" * free)  # the image fits exactly; the manifest no longer does
+        with pytest.raises(StoreFull, match="is full"):
+            pending.publish({"node": "n1"}, spec={"mounts": []})
+        assert [c.name for c in store.checkpoints("7", "batch")] == [good.name]
+        assert store.verify(store.checkpoints("7", "batch")[0]).valid
+        assert not [n for n in os.listdir(store.step_dir("7", "batch")) if n.startswith(".tmp")]
+    finally:
+        subprocess.run(["umount", str(mount)])
+
+
+def test_names_are_checked(tmp_path):
+    store = CheckpointStore(str(tmp_path))
+    for bad in ("..", "a/b", "", "x" * 65):
+        with pytest.raises(CheckpointError):
+            store.step_dir(bad, "batch")
+
+
+def test_unsupported_compression_is_refused(tmp_path):
+    with pytest.raises(CheckpointError, match="compression"):
+        CheckpointStore(str(tmp_path), compression="zstd")
+
+
+def test_store_from_policy_reads_site_settings_with_defaults():
+    class Settings:
+        path, keep_last, compression, min_free_mb = "/srv/ckpt", 5, "none", 100
+
+    class Policy:
+        checkpoint_store = Settings()
+
+    store = store_from_policy(Policy())
+    assert (store.root, store.keep_last, store.min_free_mb) == ("/srv/ckpt", 5, 100)
+    assert store_from_policy(object()).root == "/var/lib/slurmbox/checkpoints"
+
+
+def test_acl_encoding_round_trips():
+    data = acl.encode_acl(7, 1001, 5)
+    assert acl.decode_acl(data) == [(1, 7, 0xFFFFFFFF), (2, 5, 1001), (4, 0, 0xFFFFFFFF), (0x10, 5, 0xFFFFFFFF),
+                                    (0x20, 0, 0xFFFFFFFF)]
+    with pytest.raises(ValueError):
+        acl.decode_acl(b"\x01\x00\x00\x00")
+
+
+class _Part:
+    checkpoint_mode, checkpoint_interval_s, restore_fallback, preemptible = "transparent", 0, "fail", True
+
+
+def test_settings_option_beats_environment_beats_partition():
+    assert policy.resolve({}, {}, _Part()).mode == "transparent"
+    assert policy.resolve({}, {}, _Part()).restore_fallback == "fail"
+    env = {"SLURMBOX_SANDBOX_CHECKPOINT": "none", "SLURMBOX_SANDBOX_CHECKPOINT_INTERVAL": "2"}
+    settings = policy.resolve({}, env, _Part())
+    assert settings.mode == "none" and settings.interval_s == 120 and settings.explicit
+    settings = policy.resolve({"checkpoint": "signal:USR2"}, env, _Part())
+    assert settings.mode == "signal" and settings.signal == signal.SIGUSR2
+    assert policy.resolve({"checkpoint": "signal"}, {}, None).signal == signal.SIGUSR1
+    assert policy.resolve({}, {}, None).mode == "transparent"  # compiled policies without the field
+
+
+@pytest.mark.parametrize("value, words", [("sometimes", "expected transparent"), ("signal:NOPE", "unknown signal"),
+                                          ("transparent:USR1", "only signal mode"), ("signal:KILL", "cannot be caught")])
+def test_bad_checkpoint_option_names_option_and_value(value, words):
+    with pytest.raises(policy.CheckpointOptionError) as err:
+        policy.resolve({"checkpoint": value}, {}, None)
+    assert "--sandbox-checkpoint=%r" % value in str(err.value) and words in str(err.value)
+
+
+def test_gpu_sandbox_transparent_refused_without_cuda_checkpoint():
+    old_help = "checkpoint [flags] <container id> - save current state of container.\n  -image-path string\n"
+    new_help = old_help + "  -nvproxy-checkpoint\n    \tsave CUDA state\n"
+    explicit = policy.resolve({"checkpoint": "transparent"}, {}, None)
+    with pytest.raises(policy.CheckpointOptionError, match="--sandbox-checkpoint=signal"):
+        policy.refuse_gpu_transparent(explicit, {"nvidia"}, old_help)
+    assert policy.refuse_gpu_transparent(explicit, {"nvidia"}, new_help) is explicit
+    with pytest.raises(policy.CheckpointOptionError, match="amd devices"):
+        policy.refuse_gpu_transparent(explicit, {"amd"}, new_help)
+
+    class Ondemand:
+        checkpoint_mode, preemptible = "transparent", False
+
+    default = policy.resolve({}, {}, Ondemand())
+    assert policy.refuse_gpu_transparent(default, {"nvidia"}, old_help).mode == "none"
+    assert policy.gpu_checkpoint_flag(new_help) == "nvproxy-checkpoint"
+    assert policy.gpu_checkpoint_flag(old_help) is None
+
+
+@needs_root
+def test_restore_spec_maps_node_specific_sources(store, tmp_path):
+    ckpt = _write_checkpoint(store)
+    saved = {"hostname": "n1", "mounts": [
+        {"destination": "/proc", "type": "proc", "source": "proc"},
+        {"destination": "/old/spool/job1/slurm_script", "type": "bind", "source": "/old/spool/job1/slurm_script"},
+        {"destination": "/run/slurmbox-broker", "type": "bind", "source": "/run/n1/1.batch/broker"}]}
+    with open(os.path.join(ckpt.path, "spec.json"), "w") as handle:
+        json.dump(saved, handle)
+    ckpt.manifest["batch_script"] = "/old/spool/job1/slurm_script"
+    new = {"hostname": "n2", "mounts": [
+        {"destination": "/new/spool/job1/slurm_script", "type": "bind", "source": "/new/spool/job1/slurm_script"},
+        {"destination": "/run/slurmbox-broker", "type": "bind", "source": "/run/n2/1.batch/broker"}]}
+    spec = restore_spec(ckpt, new, "/new/spool/job1/slurm_script")
+    assert spec["hostname"] == "n1"
+    assert [(m["destination"], m["source"]) for m in spec["mounts"]] == [
+        ("/proc", "proc"), ("/old/spool/job1/slurm_script", "/new/spool/job1/slurm_script"),
+        ("/run/slurmbox-broker", "/run/n2/1.batch/broker")]
+    saved["mounts"].append({"destination": "/data", "type": "bind", "source": str(tmp_path / "nonexistent")})
+    with open(os.path.join(ckpt.path, "spec.json"), "w") as handle:
+        json.dump(saved, handle)
+    with pytest.raises(CheckpointError, match="does not exist on this node"):
+        restore_spec(ckpt, new, "/new/spool/job1/slurm_script")
