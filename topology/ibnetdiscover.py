@@ -1,0 +1,180 @@
+"""Read ``ibnetdiscover`` output (infiniband-diags) into a :class:`Fabric`.
+
+Format (ibnetdiscover(8), "TOPOLOGY FILE FORMAT"): node sections separated by blank lines,
+each with ``vendid=``/``devid=``/``sysimgguid=``/``switchguid=``/``caguid=`` lines, a header
+
+    Switch  36 "S-<guid>"  # "<NodeDescription>" base port 0 lid 15 lmc 0
+    Ca      2 "H-<guid>"   # "<NodeDescription>"
+
+and one line per cabled port:
+
+    [23]  "H-<guid>"[2](<portguid>)  # "<remote NodeDescription>" lid 14 4xQDR     (switch)
+    [2](<portguid>)  "S-<guid>"[23]  # lid 14 lmc 0 "<remote desc>" lid 15 4xQDR   (CA)
+
+Each cable is printed from both ends; it is kept once. Lines that fit none of these
+(stderr noise such as ``src/query_smp.c:195; umad ... Connection timed out``, chassis
+headers) are skipped and counted in ``Fabric.warnings``. SHARP aggregation nodes (a CA
+whose description says "Aggregation Node") are left out: they are switch-internal.
+
+The host of a CA is the first word of its NodeDescription ("r-ufm101 HCA-1" ->
+"r-ufm101"), unless the description is a vendor default naming no host (it starts with
+"MT<digits>" or mentions "Mellanox Technologies"); such CAs keep ``host=None`` until
+:meth:`Fabric.map_guids` gives them one from the node's ``ibstat``/pyverbs GUIDs.
+"""
+
+import re
+import subprocess
+
+from .model import Fabric, FabricNode, Link, TopologyError
+
+_DEFAULT_DESC = re.compile(r"^(MT\d+\b|.*Mellanox Technologies|.*InfiniHost|.*ConnectX|.*Voltaire)")
+_SPEED = re.compile(r"^(\d+)x([A-Z]+\d*)$")
+_BLANK_OR_COMMENT = frozenset(("", "#", " ", "\t", "\n", "\r"))
+_KINDS = {"Switch": "switch", "Ca": "ca", "Rt": "router"}
+
+
+def _slower(width, speed, link):
+    other = Link("", 0, "", 0, width, speed).rate_gbps
+    return other is not None and (link.rate_gbps is None or other < link.rate_gbps)
+
+
+def host_from_description(description):
+    """Host name in an HCA NodeDescription, or None for a vendor default description.
+
+    "compute-00-01 HCA-1" -> "compute-00-01"; "MT23108 InfiniHost Mellanox Technologies" -> None.
+    """
+    description = description.strip()
+    if not description or _DEFAULT_DESC.match(description):
+        return None
+    return description.split()[0]
+
+
+def parse(text, name="ibnetdiscover"):
+    """Parse ibnetdiscover ``text`` (str) into a Fabric named ``name``.
+
+    Raises TopologyError when the text has no node section at all (wrong file).
+    """
+    return parse_lines(text.splitlines(), name)
+
+
+def parse_lines(lines, name="ibnetdiscover"):
+    """Parse an iterable of ibnetdiscover lines (see :func:`parse`)."""
+    fabric = Fabric(name, "InfiniBand")
+    nodes = fabric.nodes
+    links = fabric.links
+    seen = {}
+    mismatched = 0
+    current = None
+    skipped = 0
+    sharp = set()
+    for line in lines:
+        first = line[:1]
+        if first == "[":
+            if current is None:
+                skipped += 1
+                continue
+            parts = line.split('"')
+            if len(parts) < 3:
+                skipped += 1
+                continue
+            head = parts[0]
+            local_port = head[1:head.index("]")]
+            remote = parts[1]
+            tail = parts[2]
+            end = tail.find("]")
+            remote_port = tail[tail.index("[") + 1:end] if end > 0 else "0"
+            key = current + "\0" + local_port
+            words = parts[-1].split()
+            width = speed = None
+            if words:
+                match = _SPEED.match(words[-1])
+                if match:
+                    width, speed = match.group(1) + "x", match.group(2)
+            known = seen.get(key)
+            if known is not None:
+                if (known.width, known.speed) != (width, speed):
+                    # The two ends disagree: keep the slower reading (the link runs at it).
+                    mismatched += 1
+                    if _slower(width, speed, known):
+                        known.width, known.speed = width, speed
+                continue
+            link = Link(current, int(local_port), remote, int(remote_port), width, speed)
+            seen[remote + "\0" + remote_port] = link
+            links.append(link)
+        elif first in _BLANK_OR_COMMENT:
+            if line.strip() == "":
+                current = None
+            continue
+        elif line.startswith(("Switch", "Ca", "Rt")) and '"' in line:
+            parts = line.split('"')
+            words = parts[0].split()
+            kind = _KINDS.get(words[0])
+            if kind is None or len(words) < 2:
+                skipped += 1
+                continue
+            ident = parts[1]
+            description = parts[3] if len(parts) > 3 else ""
+            rest = parts[4] if len(parts) > 4 else ""
+            lid = None
+            if " lid " in rest:
+                try:
+                    lid = int(rest.split(" lid ", 1)[1].split()[0])
+                except (ValueError, IndexError):
+                    lid = None
+            guid = int(ident[2:], 16) if len(ident) > 2 else None
+            if kind == "ca" and "Aggregation Node" in description:
+                sharp.add(ident)
+            host = host_from_description(description) if kind == "ca" else None
+            nodes[ident] = FabricNode(ident, kind, description, int(words[1]), host, lid, guid)
+            current = ident
+        elif line.startswith(("Non-Chassis Nodes", "Chassis ")):
+            continue
+        elif "=" in line and line.split("=", 1)[0] in ("vendid", "devid", "sysimgguid", "switchguid",
+                                                         "caguid", "routerguid"):
+            continue
+        else:
+            skipped += 1
+    if not nodes:
+        raise TopologyError("%s: no Switch/Ca sections found; is this ibnetdiscover output?" % name)
+    if sharp:
+        for ident in sharp:
+            del nodes[ident]
+        fabric.links = [lk for lk in links if lk.a not in sharp and lk.b not in sharp]
+        fabric.warnings.append("skipped %d SHARP aggregation node(s)" % len(sharp))
+    # A port line may name a node whose own section is missing (a truncated run): keep
+    # the link only when both ends are known.
+    missing = [lk for lk in fabric.links if lk.a not in nodes or lk.b not in nodes]
+    if missing:
+        fabric.links = [lk for lk in fabric.links if lk.a in nodes and lk.b in nodes]
+        fabric.warnings.append("dropped %d link(s) to nodes without a section" % len(missing))
+    if mismatched:
+        fabric.warnings.append("%d link(s) read differently from their two ends; kept the slower" % mismatched)
+    if skipped:
+        fabric.warnings.append("skipped %d line(s) that are not ibnetdiscover output" % skipped)
+    return fabric
+
+
+def read(path):
+    """Parse the ibnetdiscover output in file ``path``; TopologyError when unreadable."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return parse_lines(handle, path)
+    except OSError as err:
+        raise TopologyError("cannot read %s: %s" % (path, err.strerror))
+
+
+def run(timeout=120):
+    """Run ``ibnetdiscover`` here and parse its output (stderr ignored).
+
+    Raises TopologyError when the command is missing or fails (e.g. no HCA here).
+    """
+    try:
+        proc = subprocess.run(["ibnetdiscover"], capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError:
+        raise TopologyError("ibnetdiscover is not installed (Debian package infiniband-diags)")
+    except subprocess.TimeoutExpired:
+        raise TopologyError("ibnetdiscover did not finish within %d s" % timeout)
+    if proc.returncode != 0:
+        raise TopologyError("ibnetdiscover failed (exit %d): %s; it needs a local HCA with an active port"
+                            % (proc.returncode, proc.stderr.strip()[:300]))
+    return parse(proc.stdout, "ibnetdiscover")
