@@ -48,7 +48,7 @@ def check_runtime(ctx, runsc_path=None, caps=None):
             caps = runsc.capabilities(runsc_path, scratch)
         checks.append(_version(caps))
         checks.append(_sandbox_start(runsc_path, caps, scratch))
-        checks.append(_device_proxy(ctx, runsc_path, caps))
+        checks.append(check_device_proxy(ctx, runsc_path, caps))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return checks
@@ -87,7 +87,8 @@ def _sandbox_start(runsc_path, caps, scratch):
                  % platform)
 
 
-def _device_proxy(ctx, runsc_path, caps):
+def check_device_proxy(ctx, runsc_path, caps):
+    """Check of the gVisor device proxy (and NVIDIA driver match) this node's accelerators need."""
     vendors = sorted(ctx.vendors)
     if not vendors:
         return Check("runsc.device-proxy", GROUP, NOT_PRESENT, "no accelerators are configured for node %s"
