@@ -235,6 +235,8 @@ SlurmdTimeout=60
                             % (n, d, self.gpus_per_node - 1) for n in self.node_names) if self.gpus_per_node else ""
         site = f"""# slurmbox site configuration of the dev cluster.
 cluster: slurmbox-dev{self.subnet}
+checkpoint_store:
+  path: {d}/checkpoints
 profiles:
   default:
     network: none

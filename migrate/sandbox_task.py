@@ -19,6 +19,7 @@ import os
 import signal
 import subprocess
 import threading
+import time
 
 from slurmbox.migrate import triggers
 from slurmbox.migrate.runsc_checkpoint import CheckpointFailed, checkpoint_sandbox, restore_argv, runsc_description
@@ -97,6 +98,42 @@ class CheckpointableTask:
         threading.Thread(target=self._on_term, args=(evacuation,), daemon=True).start()
         return True
 
+    def start_preemption_watch(self, partition):
+        """Poll slurmctld for a preemption of this job (see slurmbox.migrate.triggers); daemon thread.
+
+        Only on partitions with PreemptMode=REQUEUE and a GraceTime: without
+        grace time Slurm kills at once and nothing can be saved.
+        """
+        env = self.sup._slurm_env()
+        try:
+            grace, mode = triggers.partition_grace(partition, env=env)
+        except scontrol.SlurmCommandError as err:
+            self.sup.say(None, "cannot read partition %s (%s); preemption is noticed only by signal" % (partition, err))
+            return
+        if grace <= 0 or "REQUEUE" not in mode.upper():
+            return
+        interval = triggers.watch_interval(grace)
+
+        def watch():
+            while True:
+                time.sleep(interval)
+                with self.lock:
+                    if self.closed or self.evacuation is not None:
+                        return
+                try:
+                    if not triggers.preempted(self.sup.args.job, env=env):
+                        continue
+                except scontrol.SlurmCommandError:
+                    continue
+                with self.lock:
+                    if self.closed or self.evacuation is not None:
+                        return
+                    evacuation = self.evacuation = Evacuation("preemption")
+                self._evacuate(evacuation)
+                return
+
+        threading.Thread(target=watch, daemon=True).start()
+
     def _on_term(self, evacuation):
         try:
             preempted = triggers.preempted(self.sup.args.job, env=self.sup._slurm_env())
@@ -167,7 +204,14 @@ class CheckpointableTask:
         try:
             scontrol.requeue(job, env=self.sup._slurm_env())
         except scontrol.SlurmCommandError as err:
-            if ckpt is not None:
+            if evacuation.reason == "preemption":
+                # At the end of GraceTime slurmctld requeues the job itself (PreemptMode=REQUEUE)
+                # and refuses a second requeue.
+                evacuation.finish("requeued", "job %s is requeued by Slurm (preemption)%s"
+                                  % (job, ", checkpoint %s" % ckpt.name if ckpt else ""))
+                self.sup.say(self.err_fd, evacuation.message)
+                self._release()
+            elif ckpt is not None:
                 self._resume_here(evacuation, ckpt, err)
             elif program_gone:
                 evacuation.finish("lost", "job %s could not be requeued (%s) and its program has stopped" % (job, err))
@@ -179,6 +223,16 @@ class CheckpointableTask:
         evacuation.finish("requeued", "job %s requeued (%s)%s" % (job, evacuation.reason,
                                                                  ", checkpoint %s" % ckpt.name if ckpt else ""))
         self.sup.say(self.err_fd, evacuation.message)
+        self._release()
+
+    def _release(self):
+        """Lift Slurm's begin-time hold on the requeued job (slurmbox.migrate.release), detached."""
+        from slurmbox.migrate.release import spawn_detached
+
+        try:
+            spawn_detached(self.sup.args.job, self.sup.args.slurm_conf)
+        except OSError as err:
+            self.sup.say(None, "cannot start the release helper: %s" % err)
 
     def _resume_here(self, evacuation, ckpt, err):
         subprocess.run(self.prefix + ["delete", "--force", self.sup.container_id], capture_output=True, check=False)

@@ -1,10 +1,19 @@
 """What asks for a checkpoint: Slurm preemption, or a root-run tool over a step's control socket.
 
 - **Preemption.** With ``PreemptMode=REQUEUE`` and ``GraceTime``, slurmctld
-  sends the job SIGTERM (or its ``--signal``) and records the preemption time
-  in the job (``scontrol show job``: ``PreemptTime=``, ``None`` until then;
-  scontrol(1)). A SIGTERM from ``scancel`` leaves ``PreemptTime=None``, so the
-  supervisor asks slurmctld which one it got.
+  records the preemption time in the job (``scontrol show job``:
+  ``PreemptTime=``, ``None`` until then; scontrol(1)) and sets its end time to
+  now + GraceTime. Per slurm.conf(5) (GraceTime), the job's *tasks* get
+  SIGCONT+SIGTERM at once, the *batch script* only when the grace time ends,
+  followed by SIGKILL KillWait seconds later; seen so on Slurm 22.05. A
+  sandboxed batch script therefore keeps computing through the grace time and
+  is checkpointed on that final SIGTERM, within KillWait. A SIGTERM from
+  ``scancel`` leaves ``PreemptTime=None``, so the supervisor asks slurmctld
+  which one it got. Because the batch script gets no signal when the grace
+  time starts, the supervisor of a checkpointable batch step also polls
+  ``PreemptTime`` (every watch_interval(GraceTime) seconds, only on
+  partitions with ``PreemptMode=REQUEUE`` and a GraceTime) and checkpoints as
+  soon as it is set, early in the grace time.
 - **Control socket.** Each step supervisor listens on ``control.sock`` in its
   step runtime directory (root only, peer uid checked). ``slurmbox
   spot-watch`` and ``slurmbox migrate`` send ``{"action": "checkpoint",
@@ -31,6 +40,25 @@ def preempted(job, env=None):
     record = scontrol.show_job(job, env=env)
     value = record.get("PreemptTime", "None")
     return value not in ("", "None", "Unknown", "(null)")
+
+
+def partition_grace(partition, env=None):
+    """(GraceTime in seconds, PreemptMode) of ``partition`` from ``scontrol show partition``.
+
+    Raises scontrol.SlurmCommandError when slurmctld cannot be asked.
+    """
+    record = scontrol.show_partition(partition, env=env)
+    text = record.get("GraceTime", "0")
+    seconds = 0
+    for part in text.replace("-", ":").split(":"):
+        seconds = seconds * 60 + int(part) if part.isdigit() else seconds
+    return seconds, record.get("PreemptMode", "OFF")
+
+
+def watch_interval(grace_s):
+    """Seconds between preemption polls for a partition with ``grace_s`` of GraceTime: a quarter of it,
+    between 1 and 30 s, so a checkpoint starts early in the grace time."""
+    return min(30.0, max(1.0, grace_s / 4.0))
 
 
 def request_checkpoint(step_dir, reason, timeout=120.0):

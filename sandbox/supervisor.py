@@ -11,6 +11,15 @@ with several, a holder init is started (``runsc create``/``start``) and each
 task joins with ``runsc exec``. Signals from the launcher are delivered with
 ``runsc kill``; when the last local task ends the sandbox is deleted and the
 step's runtime directory removed.
+
+Checkpoints (slurmbox.migrate): a batch step whose checkpoint mode is
+``transparent`` is saved with ``runsc checkpoint`` into the site's checkpoint
+store when slurmctld preempts the job (SIGTERM with ``PreemptTime`` set) or a
+root tool asks over ``control.sock`` (spot notice, maintenance), and the job
+is requeued; when the requeued batch step starts, the newest valid checkpoint
+is restored (``runsc restore``) instead of starting the script again. In
+``signal`` mode the program gets its checkpoint signal instead and the job is
+requeued once it exits.
 """
 
 import argparse
@@ -22,6 +31,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 
 from slurmbox.sandbox import bundle, devices, options, runsc
 from slurmbox.sandbox.launcher import EXIT_SANDBOX_FAILED, recv_frame, send_frame
@@ -81,6 +91,8 @@ class Supervisor:
         self.finished = 0
         self.brokers = []
         self.done = threading.Event()
+        self.policy = None
+        self.task = None            # migrate.sandbox_task.CheckpointableTask of a batch step's init, if any
 
     # -- preparation (once per step) -------------------------------------------------
     def prepare(self, task_env):
@@ -103,6 +115,7 @@ class Supervisor:
         from slurmbox.site_config.compiled import load_policy
 
         policy = load_policy(self.args.site_config, self.node_dir)
+        self.policy = policy
         merged = options.merge_sources(self.cli_options, task_env)
         request = options.resolve(merged, policy, self.args.partition, self.args.partition_requires_sandbox,
                                   self.args.runtime_dir)
@@ -221,15 +234,30 @@ class Supervisor:
             send_frame(conn, {"exit": 0})
             return
         self._record_once(request, plan, spec, prefix)
+        settings = self._checkpoint_settings(message["env"], plan, prefix)
+        restore = self._choose_restore(spec, fds[2], settings) if settings.mode == "transparent" else None
         relay = StdioRelay(fds, spec["process"]["terminal"])
+        task = None
         try:
             if self.args.local_tasks == 1:
-                proc, kill_args = self._run_as_init(spec, prefix, relay.child_fds)
+                if settings.mode != "none":  # keep the sandbox's side of stdio for a later restore here
+                    from slurmbox.migrate.sandbox_task import CheckpointableTask
+                    task = CheckpointableTask(self, settings, prefix, spec, [os.dup(fd) for fd in relay.child_fds],
+                                               fds[2])
+                if restore is not None:
+                    proc, kill_args = self._restore_as_init(restore[0].path, restore[1], prefix, relay.child_fds)
+                    spec = restore[1]
+                else:
+                    proc, kill_args = self._run_as_init(spec, prefix, relay.child_fds)
             else:
                 proc, kill_args = self._exec_in_sandbox(spec, prefix, relay.child_fds)
         finally:
             relay.started()
-        self._relay(conn, proc, prefix, kill_args, relay)
+        if task is not None:
+            task.spec, task.proc = spec, proc
+            self.task = task
+            task.start_preemption_watch(self.args.partition)
+        self._relay(conn, proc, prefix, kill_args, relay, task)
 
     def _record_once(self, request, plan, spec, prefix):
         """Write the sandbox's record for `slurmbox sandbox ls/inspect` (first task only)."""
@@ -325,6 +353,88 @@ class Supervisor:
                                 stdin=fds[0], stdout=fds[1], stderr=fds[2], close_fds=True, start_new_session=True)
         return proc, pid_file
 
+    def _restore_as_init(self, image_dir, spec, prefix, fds):
+        from slurmbox.migrate.runsc_checkpoint import restore_argv
+
+        self._write_json(os.path.join(self.bundle_dir, "config.json"), spec)
+        proc = subprocess.Popen(restore_argv(prefix, image_dir, self.bundle_dir, self.container_id),
+                                stdin=fds[0], stdout=fds[1], stderr=fds[2], close_fds=True, start_new_session=True)
+        return proc, [self.container_id]
+
+    # -- checkpoints (batch steps; slurmbox.migrate) -------------------------------------
+    def _checkpoint_settings(self, task_env, plan, prefix):
+        """CheckpointSettings of this step; mode "none" for anything but a batch step's single init."""
+        from slurmbox.migrate import policy as ckpt_policy
+
+        if self.args.step != "batch" or self.args.local_tasks != 1:
+            return ckpt_policy.CheckpointSettings()
+        try:
+            settings = ckpt_policy.resolve(self.cli_options, task_env, self.policy.partition(self.args.partition))
+            if settings.mode == "transparent" and plan.vendor:
+                helptext = subprocess.run([prefix[0], "checkpoint", "--help"], capture_output=True, text=True,
+                                          check=False)
+                settings = ckpt_policy.refuse_gpu_transparent(settings, {plan.vendor},
+                                                              helptext.stdout + helptext.stderr)
+        except ckpt_policy.CheckpointOptionError as err:
+            raise StepFailure(str(err))
+        return settings
+
+    def store(self):
+        """The site's CheckpointStore (slurmbox.migrate.store)."""
+        from slurmbox.migrate.store import store_from_policy
+
+        return store_from_policy(self.policy)
+
+    def say(self, fd, text):
+        """Tell the job (its stderr ``fd``, may be None) and the slurmbox log (our stderr) ``text``."""
+        line = "slurmbox: %s\n" % text
+        if fd is not None:
+            try:
+                os.write(fd, line.encode())
+            except OSError:
+                pass
+        sys.stderr.write("%s job %s step %s: %s" % (time.strftime("%Y-%m-%dT%H:%M:%S"), self.args.job,
+                                                    self.args.step, line[len("slurmbox: "):]))
+        sys.stderr.flush()
+
+    def _choose_restore(self, spec, err_fd, settings):
+        """(Checkpoint, restore spec) to restore from, or None to start the program.
+
+        Raises StepFailure when checkpoints existed, none is usable and the
+        site's restore_fallback is "fail".
+        """
+        from slurmbox.migrate.restore import restore_spec, select_checkpoint
+        from slurmbox.migrate.store import CheckpointError
+
+        try:
+            store = self.store()
+            selection = select_checkpoint(store, self.args.job, self.args.step, self.args.uid)
+            for line in selection.messages():
+                self.say(err_fd, line)
+            if selection.checkpoint is not None:
+                return selection.checkpoint, restore_spec(selection.checkpoint, spec, self.args.batch_script)
+            if not selection.skipped:
+                return None
+            problem = "no valid checkpoint of job %s is left" % self.args.job
+        except (OSError, CheckpointError) as err:
+            problem = "cannot restore job %s: %s" % (self.args.job, err)
+        if settings.restore_fallback == "fail":
+            raise StepFailure("%s and the partition's restore_fallback is 'fail'; the job ends here (resubmit it "
+                              "to start from the beginning)" % problem)
+        self.say(err_fd, "%s; starting the program from the beginning (restore_fallback=fresh)" % problem)
+        return None
+
+    def evacuate(self, reason):
+        """Checkpoint (or signal) this step's sandbox and requeue the job; for ``control.sock`` requests.
+
+        Returns ``{"outcome": ..., "message": ..., "checkpoint": path}`` (see slurmbox.migrate.triggers).
+        """
+        task = self.task
+        if task is None:
+            return {"outcome": "unsupported", "message": "step %s of job %s is not checkpointed (checkpoint mode "
+                    "none, not a batch step, or not started)" % (self.args.step, self.args.job)}
+        return task.evacuate(reason, wait=True)
+
     def _kill(self, prefix, kill_args, signum):
         if isinstance(kill_args, str):  # exec'd task: signal its in-sandbox pid
             try:
@@ -337,20 +447,36 @@ class Supervisor:
             cmd = prefix + ["kill", self.container_id, str(signum)]
         subprocess.run(cmd, capture_output=True, check=False)
 
-    def _relay(self, conn, proc, prefix, kill_args, relay):
+    def _relay(self, conn, proc, prefix, kill_args, relay, task=None):
         finished = threading.Event()
 
         def on_signal(signum):
             if signum == signal.SIGWINCH:
                 relay.resize()  # the inner pty signals its foreground group itself
-            else:
+            elif task is None or not task.on_signal(signum):
                 self._kill(prefix, kill_args, signum)
 
         # A launcher that disappears was killed (SIGKILL): the task must not outlive it.
         follow_peer(conn, finished, on_signal, lambda: self._kill(prefix, kill_args, signal.SIGKILL))
-        status = decode_status(proc.wait())
+        while True:
+            returncode = proc.wait()
+            outcome = task.after_exit() if task is not None else None
+            if outcome == "resumed":  # checkpointed but not requeued: running here again
+                proc = task.proc
+                continue
+            break
         finished.set()
+        if task is not None:
+            task.close()
         relay.finish()
+        if outcome == "requeued":
+            status = {"signal": int(signal.SIGTERM)}  # Slurm requeues the job; the batch step ends as if killed
+        elif outcome == "lost":
+            status = {"exit": EXIT_SANDBOX_FAILED}
+        else:
+            status = decode_status(returncode)
+            if task is not None:
+                task.forget_checkpoints()  # the program ended on its own: its checkpoints are history
         try:
             send_frame(conn, status)
         except OSError:
@@ -359,6 +485,8 @@ class Supervisor:
     # -- lifetime --------------------------------------------------------------------
     def serve(self, listener):
         """Accept launchers until every local task has ended, then tear down."""
+        self._start_control()
+
         def accept_loop():
             while True:
                 try:
@@ -370,6 +498,47 @@ class Supervisor:
         threading.Thread(target=accept_loop, daemon=True).start()
         self.done.wait()
         self.teardown()
+
+    def _start_control(self):
+        """Listen on ``control.sock`` (root only) for checkpoint requests (slurmbox.migrate.triggers)."""
+        from slurmbox.migrate.triggers import CONTROL_SOCKET
+
+        path = os.path.join(self.args.step_dir, CONTROL_SOCKET)
+        try:
+            if os.path.lexists(path):
+                os.unlink(path)
+            control = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            control.bind(path)  # umask 077: root only
+            control.listen(8)
+        except OSError as err:
+            self.say(None, "no control socket (%s): spot-watch and migrate cannot checkpoint this step" % err)
+            return
+
+        def serve_one(conn):
+            try:
+                if peer_uid(conn)[1] != 0:
+                    return
+                request, fds = recv_frame(conn)
+                for fd in fds:
+                    os.close(fd)
+                if isinstance(request, dict) and request.get("action") == "checkpoint":
+                    send_frame(conn, self.evacuate(str(request.get("reason") or "requested")))
+                else:
+                    send_frame(conn, {"outcome": "failed", "message": "unknown request"})
+            except (OSError, ValueError):
+                pass
+            finally:
+                conn.close()
+
+        def accept_loop():
+            while True:
+                try:
+                    conn, _ = control.accept()
+                except OSError:
+                    return
+                threading.Thread(target=serve_one, args=(conn,), daemon=True).start()
+
+        threading.Thread(target=accept_loop, daemon=True).start()
 
     def teardown(self):
         """Delete the sandbox and the step's bundle; idempotent."""

@@ -108,3 +108,16 @@ def slurm_env(slurm_conf=None):
     if slurm_conf:
         env["SLURM_CONF"] = slurm_conf
     return env
+
+
+def show_partition(partition, env=None):
+    """The partition record of ``partition`` (dict), e.g. ``GraceTime``, ``PreemptMode``."""
+    records = show("partition", partition, env=env)
+    if not records:
+        raise SlurmCommandError("scontrol show partition %s returned no record" % partition)
+    return records[0]
+
+
+def release_begin_time(job_id, env=None):
+    """``scontrol update JobId=JOB StartTime=now``: lift the begin-time hold Slurm puts on a requeued job."""
+    run_command(["scontrol", "update", "JobId=%s" % job_id, "StartTime=now"], env=env)

@@ -39,9 +39,11 @@
 
 SPANK_PLUGIN(slurmbox, 1);
 
-#define SBX_OPT_COUNT 8
-enum sbx_opt { O_SANDBOX, O_NO_SANDBOX, O_IMAGE, O_MOUNTS, O_WORKDIR, O_NETWORK, O_DRY_RUN, O_PROFILE_UNUSED };
-static const char *opt_keys[SBX_OPT_COUNT] = {"sandbox", "no-sandbox", "image", "mounts", "workdir", "network", "dry-run", ""};
+#define SBX_OPT_COUNT 10
+enum sbx_opt { O_SANDBOX, O_NO_SANDBOX, O_IMAGE, O_MOUNTS, O_WORKDIR, O_NETWORK, O_DRY_RUN, O_PROFILE_UNUSED,
+	       O_CHECKPOINT, O_CHECKPOINT_INTERVAL };
+static const char *opt_keys[SBX_OPT_COUNT] = {"sandbox", "no-sandbox", "image", "mounts", "workdir", "network", "dry-run", "",
+					      "checkpoint", "checkpoint-interval"};
 static char *opt_values[SBX_OPT_COUNT];
 static int opt_given[SBX_OPT_COUNT];
 
@@ -76,6 +78,11 @@ static struct spank_option spank_opts[] = {
 	{"sandbox-workdir", "PATH", "Working directory inside the sandbox.", 1, O_WORKDIR, opt_cb},
 	{"sandbox-network", "none|sandbox|host", "Sandbox network mode (default none).", 1, O_NETWORK, opt_cb},
 	{"sandbox-dry-run", NULL, "Print the generated OCI spec instead of running the step.", 0, O_DRY_RUN, opt_cb},
+	{"sandbox-checkpoint", "transparent|signal[:SIG]|none",
+	 "On preemption or a spot notice: checkpoint the sandbox (transparent), signal the program (default SIGUSR1), "
+	 "or just requeue.", 1, O_CHECKPOINT, opt_cb},
+	{"sandbox-checkpoint-interval", "MINUTES", "Periodic sandbox checkpoints (transparent mode).", 1,
+	 O_CHECKPOINT_INTERVAL, opt_cb},
 	SPANK_OPTIONS_TABLE_END
 };
 
@@ -304,7 +311,8 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 	int env_wants = getenv_job(sp, "SLURMBOX_SANDBOX", envbuf, sizeof(envbuf)) && env_truthy(envbuf);
 	/* Any --sandbox-* option asks for a sandbox as --sandbox does. */
 	int option_wants = opt_given[O_SANDBOX] || opt_given[O_IMAGE] || opt_given[O_MOUNTS] ||
-			   opt_given[O_WORKDIR] || opt_given[O_NETWORK] || opt_given[O_DRY_RUN];
+			   opt_given[O_WORKDIR] || opt_given[O_NETWORK] || opt_given[O_DRY_RUN] ||
+			   opt_given[O_CHECKPOINT] || opt_given[O_CHECKPOINT_INTERVAL];
 	if ((option_wants || env_wants || conf_required[0]) &&
 	    trusted_partition(jobid, partition, sizeof(partition)) != 0) {
 		slurm_error("slurmbox: cannot read the partition of job %u from slurmctld", jobid);
