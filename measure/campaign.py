@@ -1,0 +1,93 @@
+"""A campaign: one task, several candidates, one HDF5 record file. The Python API of
+``slurmbox measure run``.
+
+Example::
+
+    from slurmbox.measure.campaign import run_campaign
+    from slurmbox.measure.harness import MeasureOptions
+    campaign = run_campaign("matmul_task.py", [("mine", "cand.py")], MeasureOptions(), out="c.h5")
+    campaign.results[0].verdict, campaign.results[0].reward_ns
+"""
+
+import dataclasses
+import os
+from dataclasses import dataclass
+
+from slurmbox.measure import fingerprint, harness, isolation, policy as site_policy, records, stats
+from slurmbox.measure.reference import ReferenceProcess
+from slurmbox.measure.task import load_task
+
+NULL_CANDIDATE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "null_candidate.py")
+
+
+@dataclass
+class Campaign:
+    """Results of run_campaign: ``task`` (task.Task), ``results`` (list of CandidateResult),
+    ``overhead`` (CandidateResult of the null candidate, or None), ``path`` of the record file."""
+
+    task: object
+    results: list
+    overhead: object
+    path: str
+
+
+def resolve_cpus(options, measurement_policy):
+    """Fill ``options.harness_cpus``/``sandbox_cpus`` from the policy or the defaults; validate them.
+
+    Returns a new MeasureOptions. Raises isolation.IsolationError when the CPUs overlap or do not exist.
+    """
+    default_harness, default_sandbox = site_policy.default_cpus()
+    harness_cpus = options.harness_cpus or measurement_policy.get("harness_cpus") or default_harness
+    sandbox_cpus = options.sandbox_cpus or measurement_policy.get("sandbox_cpus") or default_sandbox
+    if options.isolation:
+        isolation.validate_cpus(harness_cpus, "harness")
+        isolation.validate_cpus(sandbox_cpus, "sandbox")
+        if harness_cpus & sandbox_cpus and len(isolation.online_cpus()) > 1:
+            raise isolation.IsolationError("harness CPUs %s and sandbox CPUs %s overlap; give them separate CPUs"
+                                           % (isolation.format_cpu_list(harness_cpus),
+                                              isolation.format_cpu_list(sandbox_cpus)))
+    return dataclasses.replace(options, harness_cpus=set(harness_cpus), sandbox_cpus=set(sandbox_cpus))
+
+
+def measure_overhead(task, reference, options, fp):
+    """Measure the trusted null candidate (no work) at the task's timing shape: the harness's own
+    per-sample cost (handshake, transfers, sandbox I/O). Returns its CandidateResult."""
+    quick = dataclasses.replace(options, verify=False, hidden_probes=0, repeat_probes=0,
+                                rule=stats.StoppingRule(min_samples=20, min_time=0.0, max_noise=0.02,
+                                                        max_wall=min(5.0, options.rule.max_wall), warmup_samples=3))
+    return harness.measure_candidate(task, reference, NULL_CANDIDATE, "null (harness overhead)", quick, fp)
+
+
+def run_campaign(task_path, candidates, options=None, out=None, measurement_policy=None):
+    """Measure every ``(label, candidate_path)`` in ``candidates`` against the task at ``task_path``.
+
+    ``out``: HDF5 path to write (None: no file). ``measurement_policy``: a
+    dict as from policy.load() (None: read the site's). Raises
+    task.TaskError, isolation.IsolationError, candidate_sandbox.SandboxStartError
+    (for the trusted null candidate: the sandbox itself does not work here) and
+    OSError; a candidate's own failures are results, not exceptions.
+    """
+    options = options or harness.MeasureOptions()
+    task = load_task(task_path)
+    labels = [label for label, _ in candidates]
+    if len(set(records.group_name(label) for label in labels)) != len(labels):
+        raise ValueError("candidate labels must be distinct: %s" % ", ".join(labels))
+    measurement_policy = measurement_policy if measurement_policy is not None else site_policy.load()
+    options = resolve_cpus(options, measurement_policy)
+    fp = fingerprint.collect(options.harness_cpus, options.sandbox_cpus, options.isolation,
+                             site_policy.to_json(measurement_policy))
+    with ReferenceProcess(task.path, options.harness_cpus if options.isolation else None) as reference:
+        overhead = None
+        if options.calibrate:
+            overhead = measure_overhead(task, reference, options, fp)
+            if not overhead.summary.get("count"):
+                from slurmbox.measure.candidate_sandbox import SandboxStartError
+                raise SandboxStartError("the trusted null candidate could not be measured, so the sandbox does "
+                                        "not work on this node: %s" % "; ".join(
+                                            f.detail for f in overhead.flags)[:3000])
+        overhead_ns = overhead.summary["median_ns"] if overhead else None
+        results = [harness.measure_candidate(task, reference, path, label, options, fp, overhead_ns)
+                   for label, path in candidates]
+    if out:
+        records.write_campaign(out, task, results, harness.file_sha256(task.path))
+    return Campaign(task=task, results=results, overhead=overhead, path=out or "")

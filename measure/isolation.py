@@ -1,0 +1,241 @@
+"""CPU isolation and kernel CPU accounting of a candidate's sandbox (cgroup v1 or v2).
+
+runsc, run as root with ``linux.cgroupsPath`` and ``linux.resources.cpu.cpus``
+in the OCI spec (runtime-spec config-linux.md "Control groups", "CPU"), puts
+the whole sandbox (sentry, gofer, ptrace stubs) in that cgroup and restricts
+it to the CPU set. The harness then reads the kernel's CPU time of the
+sandbox (cgroup v1 ``cpuacct.usage`` in ns, kernel Documentation
+admin-guide/cgroup-v1/cpuacct.rst; v2 ``cpu.stat`` ``usage_usec``,
+admin-guide/cgroup-v2.rst) around every sample. The harness itself is
+pinned to other CPUs with sched_setaffinity(2).
+"""
+
+import os
+
+CGROUP_ROOT = "/sys/fs/cgroup"
+#: Parent cgroup of every measurement sandbox (one child per candidate run).
+PARENT = "slurmbox-measure"
+
+
+class IsolationError(RuntimeError):
+    """The requested CPUs do not exist or the cgroup hierarchy cannot be set up."""
+
+
+def online_cpus():
+    """Set of CPU numbers this process may run on (sched_getaffinity of the harness at import)."""
+    return set(os.sched_getaffinity(0))
+
+
+def parse_cpu_list(text):
+    """``"0-2,5"`` -> {0, 1, 2, 5} (the kernel's cpulist format, cpuset(7)). Raises ValueError."""
+    cpus = set()
+    for part in str(text).replace(" ", "").split(","):
+        if not part:
+            continue
+        if "-" in part:
+            low, high = part.split("-", 1)
+            cpus.update(range(int(low), int(high) + 1))
+        else:
+            cpus.add(int(part))
+    return cpus
+
+
+def format_cpu_list(cpus):
+    """{0, 1, 2, 5} -> ``"0-2,5"``."""
+    ordered = sorted(cpus)
+    ranges = []
+    for cpu in ordered:
+        if ranges and cpu == ranges[-1][1] + 1:
+            ranges[-1][1] = cpu
+        else:
+            ranges.append([cpu, cpu])
+    return ",".join(str(a) if a == b else "%d-%d" % (a, b) for a, b in ranges)
+
+
+def cgroup_version():
+    """2 when /sys/fs/cgroup is the unified (v2) hierarchy, else 1 (v1 or hybrid)."""
+    return 2 if os.path.exists(os.path.join(CGROUP_ROOT, "cgroup.controllers")) else 1
+
+
+def _v1_dir(controller):
+    """Mount point of a v1 controller (``cpuacct`` may be co-mounted as ``cpu,cpuacct``)."""
+    for name in (controller, "cpu,cpuacct", "cpuacct,cpu"):
+        path = os.path.join(CGROUP_ROOT, name)
+        if os.path.isdir(path):
+            return path
+    raise IsolationError("cgroup v1 controller %s is not mounted under %s" % (controller, CGROUP_ROOT))
+
+
+def _write(path, value):
+    with open(path, "w") as handle:
+        handle.write(value)
+
+
+def prepare_parent():
+    """Create the parent cgroup PARENT so runsc can create children restricted to a CPU set.
+
+    cgroup v1 cpuset children start with empty ``cpuset.cpus``/``cpuset.mems``
+    unless the parent has them, so the parent gets the root's values. On v2,
+    the cpu and cpuset controllers are enabled for the children. Returns the
+    cgroupsPath prefix ("/slurmbox-measure"). Raises IsolationError.
+    """
+    try:
+        if cgroup_version() == 1:
+            cpuset = os.path.join(_v1_dir("cpuset"), PARENT)
+            os.makedirs(cpuset, exist_ok=True)
+            root = _v1_dir("cpuset")
+            for name in ("cpuset.cpus", "cpuset.mems"):
+                with open(os.path.join(cpuset, name)) as handle:
+                    if not handle.read().strip():
+                        with open(os.path.join(root, name)) as source:
+                            _write(os.path.join(cpuset, name), source.read().strip())
+        else:
+            parent = os.path.join(CGROUP_ROOT, PARENT)
+            os.makedirs(parent, exist_ok=True)
+            _write(os.path.join(CGROUP_ROOT, "cgroup.subtree_control"), "+cpu +cpuset")
+            _write(os.path.join(parent, "cgroup.subtree_control"), "+cpu +cpuset")
+    except OSError as err:
+        raise IsolationError("cannot prepare cgroup %s (%s); slurmbox measure needs root and a writable "
+                             "cgroup hierarchy" % (PARENT, err))
+    return "/" + PARENT
+
+
+def validate_cpus(cpus, what):
+    """Raise IsolationError unless every CPU in ``cpus`` is one this machine offers."""
+    available = online_cpus()
+    missing = set(cpus) - available
+    if not cpus or missing:
+        raise IsolationError("%s CPUs %s are not available here (this machine offers %s); choose others"
+                             % (what, format_cpu_list(cpus) or "(none)", format_cpu_list(available)))
+
+
+class CpuAccount:
+    """Kernel-accounted CPU time of one cgroup (``cgroups_path`` as in the OCI spec), in ns.
+
+    ``read()`` returns cumulative CPU ns of every task in the cgroup, or None
+    when the cgroup does not exist (not yet created, or already removed).
+    """
+
+    def __init__(self, cgroups_path):
+        self.cgroups_path = cgroups_path
+        relative = cgroups_path.lstrip("/")
+        if cgroup_version() == 1:
+            self.path = os.path.join(_v1_dir("cpuacct"), relative, "cpuacct.usage")
+            self._v2 = False
+        else:
+            self.path = os.path.join(CGROUP_ROOT, relative, "cpu.stat")
+            self._v2 = True
+        self._fd = None
+
+    def read(self):
+        if self._fd is None:
+            try:
+                self._fd = os.open(self.path, os.O_RDONLY)
+            except OSError:
+                return None
+        try:
+            raw = os.pread(self._fd, 4096, 0).decode()
+        except OSError:
+            return None
+        if not self._v2:
+            return int(raw.strip())
+        for line in raw.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "usage_usec":
+                return int(value) * 1000
+        return None
+
+    def close(self):
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def create_cgroup(cgroups_path, cpus):
+    """Create ``cgroups_path`` restricted to ``cpus`` (for an unsandboxed baseline run). Raises IsolationError."""
+    prepare_parent()
+    relative = cgroups_path.lstrip("/")
+    try:
+        if cgroup_version() == 1:
+            for controller in ("cpuset", "cpuacct"):
+                os.makedirs(os.path.join(_v1_dir(controller), relative), exist_ok=True)
+            cpuset = os.path.join(_v1_dir("cpuset"), relative)
+            _write(os.path.join(cpuset, "cpuset.cpus"), format_cpu_list(cpus))
+            with open(os.path.join(_v1_dir("cpuset"), PARENT, "cpuset.mems")) as handle:
+                _write(os.path.join(cpuset, "cpuset.mems"), handle.read().strip())
+        else:
+            path = os.path.join(CGROUP_ROOT, relative)
+            os.makedirs(path, exist_ok=True)
+            _write(os.path.join(path, "cpuset.cpus"), format_cpu_list(cpus))
+    except OSError as err:
+        raise IsolationError("cannot create cgroup %s: %s" % (cgroups_path, err))
+
+
+def attach(cgroups_path, pid):
+    """Move process ``pid`` into ``cgroups_path`` (created by create_cgroup)."""
+    relative = cgroups_path.lstrip("/")
+    dirs = [os.path.join(_v1_dir(c), relative) for c in ("cpuset", "cpuacct")] if cgroup_version() == 1 \
+        else [os.path.join(CGROUP_ROOT, relative)]
+    for directory in dirs:
+        _write(os.path.join(directory, "cgroup.procs"), str(pid))
+
+
+def kill_all(cgroups_path):
+    """SIGKILL every process left in ``cgroups_path`` (children a candidate forked), then wait for it to empty."""
+    import signal
+    import time
+    relative = cgroups_path.lstrip("/")
+    procs = os.path.join(_v1_dir("cpuacct") if cgroup_version() == 1 else CGROUP_ROOT, relative, "cgroup.procs")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            with open(procs) as handle:
+                pids = [int(line) for line in handle.read().split()]
+        except OSError:
+            return
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        time.sleep(0.01)
+
+
+def remove_cgroup(cgroups_path):
+    """Remove ``cgroups_path`` from every hierarchy where it exists and is empty (best effort)."""
+    relative = cgroups_path.lstrip("/")
+    if not relative.startswith(PARENT + "/"):
+        return
+    if cgroup_version() == 1:
+        dirs = [os.path.join(CGROUP_ROOT, c, relative) for c in os.listdir(CGROUP_ROOT)]
+    else:
+        dirs = [os.path.join(CGROUP_ROOT, relative)]
+    for directory in dirs:
+        try:
+            os.rmdir(directory)
+        except OSError:
+            pass
+
+
+def pin_harness(cpus, realtime=False):
+    """Pin the calling process to ``cpus``; with ``realtime``, also SCHED_FIFO priority 10
+    (so the harness wakes at once when a response arrives even if a neighbour
+    loads its CPU; the kernel's RT throttling, sched_rt_runtime_us, still
+    bounds it). Returns a callable that restores the previous affinity and policy."""
+    previous = os.sched_getaffinity(0)
+    policy = os.sched_getscheduler(0)
+    param = os.sched_getparam(0)
+    os.sched_setaffinity(0, cpus)
+    if realtime:
+        try:
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(10))
+        except (OSError, PermissionError):
+            realtime = False
+
+    def restore():
+        if realtime:
+            os.sched_setscheduler(0, policy, param)
+        os.sched_setaffinity(0, previous)
+    return restore
