@@ -81,7 +81,7 @@ def load(topo, kind, spec):
     elif kind == "ibstat":
         nics = ibstat.parse(text)
         node = topo.nodes.setdefault(node_name, _new_node(node_name))
-        node.nics = nics
+        merge_nics(node, nics)
         if host:
             mapping = ibstat.guid_map(nics, host)
             for fabric in topo.fabrics:
@@ -96,8 +96,8 @@ def load(topo, kind, spec):
             parsed = nccl_xml.parse(text, node_name)
         parsed.host = node_name
         existing = topo.nodes.get(node_name)
-        if existing is not None and existing.nics and not parsed.nics:
-            parsed.nics = existing.nics
+        if existing is not None and existing.nics:
+            merge_nics(parsed, existing.nics)
         topo.nodes[node_name] = parsed
     elif kind == "nvidia-smi-p2p":
         topo.nodes[node_name] = nvidia_smi.parse_p2p(text, topo.nodes.get(node_name), node_name)
@@ -123,6 +123,22 @@ def load(topo, kind, spec):
     if kind == "ibnetdiscover" and topo.guid_maps:
         topo.fabrics[-1].map_guids(topo.guid_maps)
     return topo
+
+
+def merge_nics(node, nics):
+    """Merge HCA details (ports, GUIDs: from ibstat/pyverbs) into ``node``'s NICs of the same
+    name; NICs ``node`` does not list yet are appended."""
+    by_name = {n.name: n for n in node.nics}
+    for nic in nics:
+        mine = by_name.get(nic.name)
+        if mine is None:
+            node.nics.append(nic)
+            continue
+        mine.ports = nic.ports or mine.ports
+        mine.node_guid = nic.node_guid if nic.node_guid is not None else mine.node_guid
+        mine.ca_type = nic.ca_type or mine.ca_type
+        mine.netdev = nic.netdev or mine.netdev
+        mine.busid = mine.busid or nic.busid
 
 
 def _new_node(host):
