@@ -265,3 +265,56 @@ def test_cache_of_an_older_format_is_rebuilt(tmp_path):
     with open(path, "w") as handle:
         json.dump(stale, handle)
     assert load_policy(str(source), str(tmp_path)).checkpoint_store.path == "/lustre/ckpt"
+
+
+# -- property: random documents give SiteConfigError or a model, never a crash ------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_KEYS = st.sampled_from(["cluster", "node_groups", "partitions", "profiles", "nodes", "vendor", "count",
+                         "devices", "cpus", "real_memory_mb", "spot", "grace_time", "preempt_mode", "sandbox",
+                         "default_profile", "allowed_profiles", "checkpoint", "interval", "network",
+                         "measurement", "checkpoint_store", "path", "h100", "spot", "default", "x"])
+_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(min_value=-2 ** 70, max_value=2 ** 70),
+                     st.floats(allow_nan=True), st.text(max_size=20),
+                     st.sampled_from(["n[1-2]", "gpu[001-064]", "/dev/nvidia[0-7]", "nvidia", "amd", "requeue",
+                                      "1:30:00", "INFINITE", "required", "none", "n[5-1]", "[", "default"]))
+_DOCUMENTS = st.recursive(_SCALARS, lambda inner: st.one_of(
+    st.lists(inner, max_size=4), st.dictionaries(st.one_of(_KEYS, st.integers(), st.booleans()), inner,
+                                                 max_size=5)), max_leaves=30)
+
+
+def _loads_or_config_error(text):
+    try:
+        site = load_site(text, "random.yaml")
+    except SiteConfigError as err:
+        assert err.problems and all(isinstance(p, str) and p for p in err.problems)
+        for path, line, message in err.details:
+            assert message and (line is None or line >= 1)
+        return None
+    compile_policy(text)  # a valid document also compiles
+    return site
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(document=_DOCUMENTS)
+def test_random_documents_give_validation_errors_never_crashes(document):
+    _loads_or_config_error(yaml.safe_dump(document, allow_unicode=True))
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.one_of(st.text(max_size=200), st.binary(max_size=200).map(lambda b: b.decode("latin-1"))))
+def test_random_text_gives_validation_errors_never_crashes(text):
+    _loads_or_config_error(text)
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_mutating_one_key_of_a_valid_site_never_crashes(data):
+    document = yaml.safe_load(BASE)
+    section = data.draw(st.sampled_from(["node_groups", "partitions", "profiles"]))
+    name = data.draw(st.sampled_from(sorted(document[section])))
+    key = data.draw(_KEYS)
+    document[section][name][key] = data.draw(_SCALARS)
+    _loads_or_config_error(yaml.safe_dump(document))
