@@ -8,6 +8,7 @@ gres.conf, cgroup.conf and plugstack.conf (plus the adapted site.yaml the
 plugin reads), and runs a sandboxed step on every partition.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -177,3 +178,22 @@ def test_rendered_required_partition_refuses_no_sandbox(rendered_cluster, workdi
 def test_examples_all_load_from_files():
     for name in EXAMPLES:
         assert load_site_file(os.path.join(EXAMPLES_DIR, name)).cluster
+
+
+def test_doctor_on_a_rendered_node_reads_the_deployed_files(rendered_cluster):
+    """doctor run inside node n1's network namespace finds slurmd, the site configuration named in the
+    rendered plugstack.conf, and the rendered gres.conf's devices; the fake GPUs have no NVML behind them."""
+    cluster, _ = rendered_cluster
+    netns = "/var/run/netns/%s" % cluster.dev.netns("n1")
+    result = cluster.run(["nsenter", "--net=%s" % netns, os.path.join(os.path.dirname(sys.executable), "slurmbox"),
+                          "doctor", "--json", "--node", "n1"], user="root", timeout=300)
+    assert "Traceback" not in result.stderr
+    checks = {c["id"]: c for c in json.loads(result.stdout)["checks"]}
+    assert checks["node.slurmd"]["status"] == "pass", checks["node.slurmd"]
+    assert checks["node.slurmctld"]["status"] == "pass", checks["node.slurmctld"]
+    assert checks["node.munge"]["status"] == "pass"
+    assert checks["node.site-config"]["status"] == "pass" and "node group h100" in checks["node.site-config"]["summary"]
+    assert checks["devices.gres"]["status"] == "pass" and "nvidia0, nvidia1" in checks["devices.gres"]["summary"]
+    # NVIDIA is configured for n1, but these are fake device nodes: NVML cannot be reached -> a failure.
+    assert checks["devices.nvml"]["status"] == "fail"
+    assert result.returncode == 1
