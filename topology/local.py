@@ -159,9 +159,8 @@ def collect_amd(amdsmi=None, host=None):
                 b = handles[j]
                 link = amdsmi.amdsmi_topo_get_link_type(a, b)
                 kind = link.get("type") if isinstance(link, dict) else link
-                kind_name = getattr(kind, "name", str(kind)).upper()
                 na, nb = node.gpus[i], node.gpus[j]
-                if "XGMI" in kind_name:
+                if _is_xgmi(amdsmi, kind):
                     node.set_link(na.name, nb.name, "XGMI")
                 else:
                     node.set_link(na.name, nb.name, "NODE" if na.numa is not None and na.numa == nb.numa else "SYS")
@@ -174,6 +173,20 @@ def collect_amd(amdsmi=None, host=None):
             amdsmi.amdsmi_shut_down()
         except Exception:
             pass
+
+
+def _is_xgmi(amdsmi, kind):
+    """Whether a link type from amdsmi_topo_get_link_type is XGMI. The enum's numbering
+    changed between amdsmi releases (the changelog notes XGMI and PCIE were reordered), so
+    compare with the installed module's own enum, never a literal number."""
+    for enum, member in (("AmdSmiLinkType", "AMDSMI_LINK_TYPE_XGMI"), ("AmdSmiIoLinkType", "XGMI")):
+        xgmi = getattr(getattr(amdsmi, enum, None), member, None)
+        if xgmi is not None:
+            try:
+                return int(kind) == int(xgmi)
+            except (TypeError, ValueError):
+                return False
+    return "XGMI" in getattr(kind, "name", str(kind)).upper()
 
 
 def _try(call):
@@ -205,8 +218,9 @@ def collect_verbs(verbs=None, sysfs="/sys"):
         ctx = verbs.Context(name=name)
         try:
             attr = ctx.query_device()
-            nic = Nic(name, busid=nic_busid(name, sysfs), node_guid=_guid(attr.node_guid),
-                      netdev=_netdev(name, sysfs), ca_type="MT%s" % attr.vendor_part_id)
+            busid = nic_busid(name, sysfs)
+            nic = Nic(name, busid=busid, node_guid=_guid(attr.node_guid), netdev=_netdev(name, sysfs),
+                      ca_type="MT%s" % attr.vendor_part_id, numa=pci_numa(busid, sysfs) if busid else None)
             for number in range(1, attr.phys_port_cnt + 1):
                 pattr = ctx.query_port(number)
                 port = NicPort(number, PORT_STATES.get(pattr.state, str(pattr.state)),

@@ -417,15 +417,18 @@ class NicPort:
 class Nic:
     """A NIC/HCA of a node: ``name`` (the verbs device name, ``mlx5_0``; "NIC0" when the
     source gives none), ``busid``, ``node_guid`` (int), ``ports`` (list of NicPort),
-    ``netdev`` (Linux interface name) or None, ``ca_type`` ("MT4119")."""
+    ``netdev`` (Linux interface name) or None, ``ca_type`` ("MT4119"), ``speed_mbps`` (NCCL
+    XML ``speed``), ``numa`` (NUMA node of its PCI device) or None."""
 
-    __slots__ = ("name", "busid", "node_guid", "ports", "netdev", "ca_type", "speed_mbps")
+    __slots__ = ("name", "busid", "node_guid", "ports", "netdev", "ca_type", "speed_mbps", "numa")
 
-    def __init__(self, name, busid=None, node_guid=None, ports=None, netdev=None, ca_type=None, speed_mbps=None):
+    def __init__(self, name, busid=None, node_guid=None, ports=None, netdev=None, ca_type=None, speed_mbps=None,
+                 numa=None):
         self.name = name
         self.busid = busid.lower() if busid else None
         self.node_guid, self.ports, self.netdev, self.ca_type = node_guid, list(ports or []), netdev, ca_type
         self.speed_mbps = speed_mbps
+        self.numa = numa
 
     @property
     def link_layer(self):
@@ -437,7 +440,7 @@ class Nic:
         return {"name": self.name, "busid": self.busid,
                 "node_guid": "0x%016x" % self.node_guid if self.node_guid is not None else None,
                 "netdev": self.netdev, "ca_type": self.ca_type, "link_layer": self.link_layer,
-                "speed_mbps": self.speed_mbps, "ports": [p.as_dict() for p in self.ports]}
+                "speed_mbps": self.speed_mbps, "numa": self.numa, "ports": [p.as_dict() for p in self.ports]}
 
 
 class PciNode:

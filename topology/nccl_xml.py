@@ -89,7 +89,7 @@ def parse(text, host=None):
                 for net in nets or [None]:
                     name = net.get("name") if net is not None and net.get("name") else "NIC%d" % len(node.nics)
                     guid = net.get("guid") if net is not None else None
-                    nic = Nic(name, busid=busid, node_guid=int(guid, 16) if guid else None,
+                    nic = Nic(name, busid=busid, node_guid=int(guid, 16) if guid else None, numa=numa,
                               ports=[NicPort(int(net.get("port", "1")))] if net is not None else [],
                               speed_mbps=int(net.get("speed")) if net is not None and net.get("speed") else None)
                     node.nics.append(nic)
@@ -253,7 +253,8 @@ def _synthesize(root, node):
         groups.setdefault(find(("nic", nic.name)), []).append(nic)
     numa_of = {}
     for key, members in groups.items():
-        numas = [m.numa for m in members if isinstance(m, Gpu) and m.numa is not None]
+        numas = [m.numa for m in members if isinstance(m, Gpu) and m.numa is not None] + \
+            [m.numa for m in members if isinstance(m, Nic) and m.numa is not None]
         numa_of[key] = numas[0] if numas else 0
     cpus = {}
     for numa, affinity, attrs in node.cpus:
