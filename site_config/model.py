@@ -507,6 +507,43 @@ def _pydantic_problems(err, root):
     return out
 
 
+#: Most values a document may hold once YAML aliases are expanded (bounds alias "bombs").
+MAX_EXPANDED_VALUES = 200000
+
+
+def _expansion_problem(root):
+    """A message when YAML aliases make the document recursive or expand it past
+    MAX_EXPANDED_VALUES values, else None."""
+    memo, active = {}, set()
+
+    def size(node):
+        key = id(node)
+        if key in memo:
+            return memo[key]
+        if key in active:
+            raise ValueError("a YAML alias refers to a node that contains it (recursive document)")
+        active.add(key)
+        if isinstance(node, yaml.MappingNode):
+            total = 1 + sum(size(k) + size(v) for k, v in node.value)
+        elif isinstance(node, yaml.SequenceNode):
+            total = 1 + sum(size(item) for item in node.value)
+        else:
+            total = 1
+        active.discard(key)
+        if total > MAX_EXPANDED_VALUES:
+            raise ValueError("YAML aliases expand this document to more than %d values" % MAX_EXPANDED_VALUES)
+        memo[key] = total
+        return total
+
+    try:
+        size(root)
+    except ValueError as err:
+        return str(err)
+    except RecursionError:
+        return "document nested too deeply"
+    return None
+
+
 def _duplicate_keys(node, path=()):
     """(path, line, message) for mapping keys given twice (YAML keeps only the last silently)."""
     if isinstance(node, yaml.MappingNode):
@@ -578,7 +615,13 @@ def load_site(text, source="<site config>"):
                                         "expected a mapping of settings (cluster:, node_groups:, partitions:, "
                                         "profiles: ...), got %s" % ("an empty document" if document is None
                                                                     else type(document).__name__))])
-    duplicates = list(_duplicate_keys(root))
+    expansion = _expansion_problem(root)
+    if expansion:
+        raise SiteConfigError(source, [("", None, expansion)])
+    try:
+        duplicates = list(_duplicate_keys(root))
+    except RecursionError:
+        raise SiteConfigError(source, [("", None, "document nested too deeply")])
     if duplicates:
         raise SiteConfigError(source, duplicates)
     try:

@@ -17,8 +17,11 @@
 - ``plugstack.conf``: the SPANK shim line (spank(8)) with the install paths
   and ``required_partitions=`` = the partitions whose sandbox policy is
   required (the same list the supervisor enforces).
-- ``topology.conf``: only when ``topology_conf`` text is given (the topology
-  work renders it from the fabric).
+- ``topology.conf``: only when ``topology_conf`` text is given (e.g. from
+  ``slurmbox topology generate``): copied under the header after checking
+  that every node it names is a node of the site, and slurm-nodes.conf then
+  sets ``TopologyPlugin=topology/tree`` (``SwitchName=`` lines) or
+  ``topology/block`` (``BlockName=`` lines, Slurm >= 23.11).
 
 Output is deterministic: the same document gives the same bytes (node groups
 and partitions in document order; no clocks, no host names, no absolute
@@ -28,6 +31,7 @@ source's file name and its sha256.
 
 import hashlib
 import os
+import re
 
 from slurmbox.site_config import slurm_syntax
 from slurmbox.spank_plugin.install import plugstack_line
@@ -114,10 +118,44 @@ def partition_lines(site):
     return lines
 
 
-def render_slurm_nodes(site, source_name, source_bytes):
+def topology_plugin(topology_conf):
+    """The TopologyPlugin a topology.conf text needs: topology/block or topology/tree."""
+    return "topology/block" if re.search(r"^\s*BlockName=", topology_conf, re.M | re.I) else "topology/tree"
+
+
+def check_topology(site, topology_conf):
+    """Raise RenderError when topology.conf names nodes the site does not have, or has no lines."""
+    known = set()
+    for group in site.node_groups.values():
+        known.update(group.names())
+    lines = 0
+    for number, raw in enumerate(topology_conf.splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        lines += 1
+        for item in line.split():
+            key, _, value = item.partition("=")
+            if key.lower() != "nodes" or not value:
+                continue
+            try:
+                names = slurm_syntax.expand_hostlist(value)
+            except slurm_syntax.SyntaxProblem as err:
+                raise RenderError("topology.conf line %d: %s" % (number, err))
+            unknown = [n for n in names if n not in known]
+            if unknown:
+                raise RenderError("topology.conf line %d names %d nodes that no node group has (e.g. %s); generate "
+                                  "it for this site's nodes" % (number, len(unknown), unknown[0]))
+    if not lines:
+        raise RenderError("the topology file has no SwitchName= or BlockName= lines")
+
+
+def render_slurm_nodes(site, source_name, source_bytes, topology_conf=None):
     """Text of slurm-nodes.conf (see module doc). Raises RenderError."""
     out = [header(source_name, source_bytes, "Node and partition lines for slurm.conf "
                   "(Include this file from slurm.conf).")]
+    if topology_conf:
+        out.append("TopologyPlugin=%s\n" % topology_plugin(topology_conf))
     if any(g.count for g in site.node_groups.values()):
         out.append("GresTypes=gpu\n")
     preemption = _preemption(site)
@@ -165,8 +203,10 @@ def render_site(site, source_name, source_bytes, topology_conf=None):
     """{file name: text} of every rendered file (see module doc). Raises RenderError."""
     if not site.node_groups:
         raise RenderError("the site configuration has no node_groups; add them before rendering Slurm files")
+    if topology_conf:
+        check_topology(site, topology_conf)
     files = {
-        "slurm-nodes.conf": render_slurm_nodes(site, source_name, source_bytes),
+        "slurm-nodes.conf": render_slurm_nodes(site, source_name, source_bytes, topology_conf),
         "gres.conf": render_gres(site, source_name, source_bytes),
         "cgroup.conf": render_cgroup(site, source_name, source_bytes),
         "plugstack.conf": render_plugstack(site, source_name, source_bytes),

@@ -202,6 +202,11 @@ def test_error_lines_are_compiler_style_and_lines_point_at_the_key():
     (b"\xff\xfe\x00binary", "not UTF-8"),
     ("cluster: a\ncluster: b\n", "key given twice"),
     ("cluster: !!python/object:os.system x\n", "not valid YAML"),
+    ("cluster: x\nprofiles: &p {a: *p}\n", "recursive document"),
+    ("a: &a [1,1,1,1,1,1,1,1,1,1]\n" + "".join("%s: &%s [%s]\n" % (c, c, ",".join(["*" + p] * 10))
+                                               for p, c in zip("abcde", "bcdef")) + "cluster: x\n",
+     "expand this document to more than"),
+    ("cluster: x\nprofiles: " + "[" * 3000 + "]" * 3000 + "\n", "cannot read this document"),
 ])
 def test_files_that_are_not_yaml_mappings_get_the_same_kind_of_message(text, needle):
     assert needle in str(_problems(text))
