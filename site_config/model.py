@@ -52,6 +52,8 @@ DEFAULT_DEVICE_FILES = {
     "tpu": lambda n: "/dev/accel[0-%d]" % (n - 1),
     "trainium": lambda n: "/dev/neuron[0-%d]" % (n - 1),
 }
+#: Checkpoint image compressions the checkpoint store implements (slurmbox.migrate.store).
+SUPPORTED_COMPRESSION = ("none",)
 #: Vendors gVisor has no device proxy for (the weaker unproxied mode is needed).
 UNPROXIED_VENDORS = ("amd", "trainium")
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
@@ -239,6 +241,14 @@ class CheckpointStoreModel(_Strict):
     keep_last: int = Field(2, ge=1, le=1000)
     compression: Literal["none", "gzip", "zstd"] = "none"
     min_free_mb: int = Field(0, ge=0)
+
+    @field_validator("compression")
+    @classmethod
+    def _supported(cls, value):
+        if value not in SUPPORTED_COMPRESSION:
+            raise ValueError("compression %r is not supported yet by slurmbox's checkpoint store "
+                             "(slurmbox.migrate.store keeps runsc's image as written); use none" % value)
+        return value
 
     @field_validator("path")
     @classmethod

@@ -67,7 +67,7 @@ profiles:
   default: {network: none}
   untrusted: {network: none, allowed_networks: [none], wall_limit: "2:00:00", memory_limit_mb: 65536}
   rocm: {network: none, allow_unproxied_devices: true}
-checkpoint_store: {path: /lustre/ckpt, keep_last: 3, compression: zstd, min_free_mb: 10240}
+checkpoint_store: {path: /lustre/ckpt, keep_last: 3, compression: none, min_free_mb: 10240}
 measurement: {exclusive_gpus: true, clock_policy: locked, locked_sm_clock_mhz: 1755, harness_cpus: "0-3",
               sandbox_cpus: "4-111"}
 """
@@ -109,7 +109,7 @@ def test_base_document_is_valid_and_compiles_every_field():
         (True, "transparent", 1800, "fail")
     assert policy.partition("ondemand").preemptible is False
     assert policy.partition("ondemand").checkpoint_interval_s == 0
-    assert policy.checkpoint_store == CheckpointStore("/lustre/ckpt", 3, "zstd", 10240)
+    assert policy.checkpoint_store == CheckpointStore("/lustre/ckpt", 3, "none", 10240)
     assert policy.measurement == MeasurementPolicy(True, "locked", 1755, "0-3", "4-111")
     assert policy.profiles["untrusted"].wall_limit_s == 7200
     assert policy.profiles["untrusted"].memory_limit_mb == 65536
@@ -168,6 +168,10 @@ def test_compiled_defaults_when_the_document_omits_sections():
     (lambda d: d["partitions"]["spot"]["checkpoint"].update(interval="1:2:3:4"),
      "partitions.spot.checkpoint.interval", None, "is not a Slurm time"),
     (lambda d: d["measurement"].update(sandbox_cpus="2-8"), "measurement.sandbox_cpus", None, "must be disjoint"),
+    (lambda d: d["checkpoint_store"].update(compression="zstd"), "checkpoint_store.compression", None,
+     "not supported yet"),
+    (lambda d: d["checkpoint_store"].update(path="relative/dir"), "checkpoint_store.path", None,
+     "expected an absolute path"),
     (lambda d: d["node_groups"]["hgx"].update(nodes="gpu[05-01]"), "node_groups.hgx.nodes", None, "downwards"),
     (lambda d: d["node_groups"]["hgx"].pop("cpus"), "node_groups.hgx.cpus", None, "required key is missing"),
 ])
