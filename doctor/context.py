@@ -31,7 +31,8 @@ class NodeContext:
     missing); ``vendors``: accelerator vendors configured for this node (site
     node group and gres.conf device names); ``nvidia``/``amd``/``rdma``:
     hardware probes (slurmbox.doctor.hardware); ``runtime_dir``: slurmbox's
-    runtime directory from plugstack.conf.
+    runtime directory and ``plugstack_required``: its required_partitions=
+    list, both from plugstack.conf (None when there is no slurmbox line).
     """
 
     node: str
@@ -46,6 +47,7 @@ class NodeContext:
     amd: object = None
     rdma: object = None
     runtime_dir: str = "/run/slurmbox"
+    plugstack_required: list = None
     euid: int = field(default_factory=os.geteuid)
 
     def node_group(self):
@@ -124,6 +126,7 @@ def gather(node=None, slurm_conf=None, site_config=None, gres_conf=None, probes=
         settings = None
     if settings:
         ctx.runtime_dir = settings.get("runtime_dir") or ctx.runtime_dir
+        ctx.plugstack_required = sorted(p for p in (settings.get("required_partitions") or "").split(",") if p)
     site_config = site_config or (settings or {}).get("site_config") or ""
     ctx.site_source = site_config
     if site_config:

@@ -25,6 +25,13 @@ def check_site(ctx):
                      "plugstack.conf of %s, or it sets no site_config=)" % ctx.slurm_conf,
                      "deploy the plugstack.conf from `slurmbox config render`, or pass --site-config")
     name, _ = ctx.node_group()
+    wanted = ctx.site.required_partitions()
+    if ctx.plugstack_required is not None and ctx.plugstack_required != wanted:
+        return Check("node.site-config", GROUP, FAIL,
+                     "plugstack.conf says required_partitions=%s but %s marks %s as sandbox: required; the shim "
+                     "and the supervisor would disagree" % (",".join(ctx.plugstack_required) or "(none)",
+                                                            ctx.site_source, ",".join(wanted) or "none"),
+                     "deploy the plugstack.conf that `slurmbox config render %s` writes" % ctx.site_source)
     if ctx.site.node_groups and name is None:
         return Check("node.site-config", GROUP, WARN, "%s is valid but no node group holds node %s"
                      % (ctx.site_source, ctx.node), "add the node to a node group, or pass --node NAME")

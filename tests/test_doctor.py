@@ -405,6 +405,13 @@ def test_site_check_names_the_node_group():
     ctx.site_problem, ctx.site_source = "site.yaml:3: cluster: required key is missing", "site.yaml"
     assert check_site(ctx).status == FAIL
 
+    ctx = _ctx(site=HGX)
+    ctx.plugstack_required = ["spot"]
+    assert check_site(ctx).status == PASS
+    ctx.plugstack_required = ["secure"]
+    check = check_site(ctx)
+    assert check.status == FAIL and "required_partitions=secure" in check.summary and "spot" in check.summary
+
 
 def test_a_crashing_check_group_becomes_a_failure_not_a_traceback(monkeypatch):
     from slurmbox.doctor import run
