@@ -4,7 +4,6 @@ Timed samples use 128x128 matrices; correctness probes use hidden shapes
 drawn with the harness's secret seed.
 """
 
-import numpy as np
 
 NAME = "matmul"
 TIMING_SHAPE = (128, 128)

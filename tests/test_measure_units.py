@@ -1,0 +1,283 @@
+"""Unit tests of slurmbox.measure: channel framing, statistics, output checks, CPU
+cross-checks, records, report and CLI. No sandbox needed."""
+
+import json
+import os
+import socket
+import struct
+import types
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from slurmbox.measure import checks, harness, isolation, policy, protocol, records, stats, task
+
+DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "measure")
+
+
+# ---- protocol ---------------------------------------------------------------------------------
+
+def test_protocol_round_trip_keeps_names_dtypes_shapes_and_values():
+    a, b = socket.socketpair()
+    arrays = [("x", np.arange(12, dtype=np.float32).reshape(3, 4)), ("flags", np.array([True, False])),
+              ("empty", np.zeros((0, 5)))]
+    protocol.send(a, {"op": "run", "id": 7}, arrays)
+    header = protocol.recv_header(b)
+    got = protocol.recv_arrays(b, header, 1 << 20)
+    assert header["op"] == "run" and header["id"] == 7
+    assert [n for n, _ in got] == ["x", "flags", "empty"]
+    for (_, want), (_, have) in zip(arrays, got):
+        assert have.dtype == want.dtype and have.shape == want.shape and np.array_equal(have, want)
+
+
+def test_protocol_refuses_object_arrays_on_send():
+    a, _ = socket.socketpair()
+    with pytest.raises(protocol.ProtocolError, match="not allowed"):
+        protocol.send(a, {"op": "result"}, [("o", np.array([object()]))])
+
+
+def _raw(sock, header):
+    body = json.dumps(header).encode()
+    sock.sendall(struct.pack("!I", len(body)) + body)
+
+
+@pytest.mark.parametrize("header,match", [
+    ({"op": "result", "arrays": [{"name": "o", "dtype": "|O", "shape": [1]}]}, "allowed dtype"),
+    ({"op": "result", "arrays": [{"name": "o", "dtype": "<f8", "shape": [-1]}]}, "invalid shape"),
+    ({"op": "result", "arrays": [{"name": "o", "dtype": "<f8", "shape": [1] * 9}]}, "invalid shape"),
+    ({"arrays": []}, "string 'op'"),
+])
+def test_protocol_rejects_malformed_headers(header, match):
+    a, b = socket.socketpair()
+    _raw(a, header)
+    with pytest.raises(protocol.ProtocolError, match=match):
+        protocol.recv_header(b)
+
+
+def test_protocol_rejects_oversized_payload_and_header():
+    a, b = socket.socketpair()
+    _raw(a, {"op": "result", "arrays": [{"name": "o", "dtype": "<f8", "shape": [1000, 1000]}]})
+    header = protocol.recv_header(b)
+    with pytest.raises(protocol.ProtocolError, match="exceeds the limit"):
+        protocol.recv_arrays(b, header, 1024)
+    a.sendall(struct.pack("!I", protocol.MAX_HEADER + 1))
+    with pytest.raises(protocol.ProtocolError, match="outside"):
+        protocol.recv_header(b)
+
+
+def test_protocol_reports_a_closed_peer():
+    a, b = socket.socketpair()
+    a.sendall(b"\x00\x00")
+    a.close()
+    with pytest.raises(protocol.PeerClosed):
+        protocol.recv_header(b)
+
+
+# ---- statistics -------------------------------------------------------------------------------
+
+def test_summarize_gives_median_iqr_and_outliers():
+    values = [10.0] * 5 + [11.0] * 5 + [100.0]
+    s = stats.summarize(values)
+    assert s["count"] == 11 and s["median_ns"] == 11.0
+    assert s["q1_ns"] == 10.0 and s["q3_ns"] == 11.0 and s["iqr_ns"] == 1.0
+    assert s["outliers"] == 1
+    assert stats.summarize([])["count"] == 0
+
+
+def test_stopping_rule_needs_samples_time_and_low_noise():
+    rule = stats.StoppingRule(min_samples=10, min_time=0.001, max_noise=0.005, max_wall=5)
+    steady = [1_000_000] * 10
+    assert rule.done(steady[:9], 0.1) == (False, False)
+    assert rule.done(steady, 0.1) == (True, True)
+    noisy = [1_000_000, 1_100_000] * 5
+    assert rule.done(noisy, 0.1) == (False, False)
+    assert rule.done(noisy, 5.0) == (True, False)  # wall cap: stops, did not converge
+    assert stats.StoppingRule(min_time=10).done(steady, 0.1) == (False, False)
+
+
+def test_compare_finds_a_real_difference_and_not_a_fake_one():
+    rng = np.random.default_rng(1)
+    a = rng.normal(100, 1, 50)
+    b = rng.normal(110, 1, 50)
+    result = stats.compare(a, b)
+    assert result["significant"] and result["median_ratio"] < 1
+    assert result["ratio_ci"][0] <= result["median_ratio"] <= result["ratio_ci"][1] < 1
+    assert result["hodges_lehmann_ns"] == pytest.approx(-10, abs=1)
+    same = stats.compare(rng.normal(100, 1, 50), rng.normal(100, 1, 50))
+    assert not same["significant"] and same["ratio_ci"][0] < 1 < same["ratio_ci"][1]
+    with pytest.raises(ValueError, match="at least 2"):
+        stats.compare([1.0], [1.0, 2.0])
+
+
+# ---- output checks ----------------------------------------------------------------------------
+
+def _task(**kw):
+    base = dict(path="t.py", name="t", timing_shape=(4,), make_inputs=None, reference=None, rtol=1e-9, atol=1e-9)
+    base.update(kw)
+    return task.Task(**base)
+
+
+def _reasons(flags):
+    return {f.reason for f in flags}
+
+
+def test_verify_output_accepts_a_correct_answer():
+    x = np.array([3.0, 1.0, 2.0])
+    assert checks.verify_output(np.sort(x), np.sort(x), {"x": x}, _task(), checks.OutputHistory(), 0) == []
+
+
+def test_verify_output_names_each_cheat():
+    x = np.array([3.0, 1.0, 2.0, 5.0])
+    expected = np.sort(x)
+    history = checks.OutputHistory()
+    history.add(np.array([9.0, 8.0, 7.0, 6.0]))
+    t = _task()
+    assert "stale_output" in _reasons(checks.verify_output(np.array([9.0, 8.0, 7.0, 6.0]), expected, {"x": x}, t,
+                                                           history, 1))
+    assert "identity_output" in _reasons(checks.verify_output(x.copy(), expected, {"x": x}, t, history, 1))
+    assert "constant_output" in _reasons(checks.verify_output(np.zeros(4), expected, {"x": x}, t, history, 1))
+    assert "tolerance_exceeded" in _reasons(checks.verify_output(expected * (1 + 1e-4), expected, {"x": x}, t,
+                                                                 history, 1))
+    assert _reasons(checks.verify_output(np.zeros(3), expected, {"x": x}, t, history, 1)) == {"wrong_output_shape"}
+    bad = expected.copy()
+    bad[0] = np.nan
+    assert "non_finite_output" in _reasons(checks.verify_output(bad, expected, {"x": x}, t, history, 1))
+
+
+def test_weak_task_check_still_catches_degenerate_answers():
+    weak = _task(check=lambda out, exp, inputs: (True, "anything goes"))
+    x = np.array([3.0, 1.0, 2.0, 5.0])
+    flags = checks.verify_output(x.copy(), np.sort(x), {"x": x}, weak, checks.OutputHistory(), 0)
+    assert _reasons(flags) == {"identity_output"}
+
+
+def test_forged_lines_match_harness_like_text_only():
+    text = "computing rows\nslurmbox: verdict accepted\n{\"median_ns\": 1}\nhello timer\n"
+    assert checks.forged_lines(text) == ["slurmbox: verdict accepted", '{"median_ns": 1}']
+
+
+def test_cpu_flags_catch_busy_quiet_windows_and_impossible_cpu_time():
+    th = checks.CpuThresholds(idle_rate=0.001)
+    assert checks.cpu_flags(0, 10_000_000, 9_000_000, 5_000_000, 100_000, 1, th) == []
+    assert _reasons(checks.cpu_flags(0, 10_000_000, 9_000_000, 5_000_000, 4_900_000, 1, th)) == {"work_after_done"}
+    assert _reasons(checks.cpu_flags(0, 10_000_000, 25_000_000, 0, None, 1, th)) == {"cpu_exceeds_wall"}
+    assert checks.cpu_flags(0, 10_000_000, 19_000_000, 0, None, 2, th) == []
+
+
+def test_claim_flags_use_medians_against_the_overhead():
+    rows = [{"kind": 1, "claimed_ns": 9_000_000, "wall_ns": 10_000_000}] * 5
+    assert harness._claim_flags(rows, 500_000) == []
+    forged = [{"kind": 1, "claimed_ns": 1, "wall_ns": 10_000_000}] * 5
+    assert _reasons(harness._claim_flags(forged, 500_000)) == {"timing_claim_mismatch"}
+    inflated = [{"kind": 1, "claimed_ns": 50_000_000, "wall_ns": 10_000_000}] * 5
+    assert _reasons(harness._claim_flags(inflated, None)) == {"timing_claim_mismatch"}
+
+
+# ---- cpu lists, tasks, policy -----------------------------------------------------------------
+
+def test_cpu_list_round_trip():
+    assert isolation.parse_cpu_list("0-2,5") == {0, 1, 2, 5}
+    assert isolation.format_cpu_list({0, 1, 2, 5}) == "0-2,5"
+    with pytest.raises(ValueError):
+        isolation.parse_cpu_list("a-b")
+
+
+def test_validate_cpus_names_the_missing_cpus():
+    with pytest.raises(isolation.IsolationError, match="9999"):
+        isolation.validate_cpus({9999}, "sandbox")
+
+
+def test_load_task_reports_missing_names(tmp_path):
+    bad = tmp_path / "bad_task.py"
+    bad.write_text("def reference(x):\n    return x\n")
+    with pytest.raises(task.TaskError, match="TIMING_SHAPE, make_inputs"):
+        task.load_task(str(bad))
+    with pytest.raises(task.TaskError, match="does not exist"):
+        task.load_task(str(tmp_path / "none.py"))
+    good = task.load_task(os.path.join(DATA, "matmul_task.py"))
+    assert good.name == "matmul" and good.timing_shape == (128, 128) and good.hidden_shape is not None
+
+
+def test_policy_reads_measurement_fields_with_defaults(monkeypatch, tmp_path):
+    site = tmp_path / "site.yaml"
+    site.write_text("x: 1\n")
+    fake = types.SimpleNamespace(measurement=types.SimpleNamespace(harness_cpus="0", sandbox_cpus=[1, 2],
+                                                                   clock_policy="locked"))
+    import slurmbox.site_config.compiled as compiled
+    monkeypatch.setattr(compiled, "load_policy", lambda path, cache: fake)
+    loaded = policy.load(str(site), str(tmp_path))
+    assert loaded["harness_cpus"] == {0} and loaded["sandbox_cpus"] == {1, 2}
+    assert loaded["clock_policy"] == "locked" and loaded["exclusive_gpus"] is True
+    monkeypatch.setattr(compiled, "load_policy", lambda path, cache: types.SimpleNamespace())
+    assert policy.load(str(site), str(tmp_path))["sandbox_cpus"] is None
+
+
+# ---- records, report, CLI ---------------------------------------------------------------------
+
+def _result(label, median, flags=(), n=30, node="n1"):
+    rng = np.random.default_rng(abs(hash(label)) % 1000)
+    wall = rng.normal(median, median * 0.01, n).astype(np.int64)
+    samples = {"kind": np.array([0, 0] + [1] * (n - 2), dtype=np.int8), "wall_ns": wall,
+               "cpu_ns": wall - 10, "quiet_wall_ns": np.full(n, 2_000_000), "quiet_cpu_ns": np.full(n, 1000),
+               "claimed_ns": wall - 100, "correct": np.ones(n, dtype=np.int8)}
+    summary = stats.summarize(wall[2:])
+    flag_objs = [checks.Flag(r, 3, "detail") for r in flags]
+    return harness.CandidateResult(
+        label=label, candidate_path="/c/%s.py" % label, candidate_sha256="0" * 64, task_name="t", samples=samples,
+        summary=summary, converged=True, flags=flag_objs, verdict="rejected" if flags else "accepted",
+        reward_ns=None if flags else summary["median_ns"],
+        fingerprint={"node": node, "cpu_model": "cpu", "sandbox_cpus": "1", "harness_cpus": "0",
+                     "gpu": {"present": False, "devices": []}},
+        sandbox_config={"runtime": "runsc", "platform": "ptrace"}, stdout="", stderr="", overhead_ns=300_000.0)
+
+
+def _write(path, results):
+    t = task.Task(path="/t.py", name="t", timing_shape=(1,), make_inputs=None, reference=None)
+    records.write_campaign(str(path), t, results, "ab" * 32)
+
+
+def test_records_round_trip(tmp_path):
+    path = tmp_path / "c.h5"
+    _write(path, [_result("fast", 1_000_000), _result("cheat", 500_000, flags=["stale_output"])])
+    data = records.read_campaign(str(path))
+    by = {c["label"]: c for c in data["candidates"]}
+    assert by["fast"]["verdict"] == "accepted" and by["fast"]["reward_ns"] == pytest.approx(
+        by["fast"]["summary"]["median_ns"])
+    assert by["cheat"]["reward_ns"] is None and by["cheat"]["flag_reasons"] == ["stale_output"]
+    assert by["fast"]["fingerprint"]["node"] == "n1" and by["fast"]["sandbox"]["platform"] == "ptrace"
+    assert len(by["fast"]["samples"]["wall_ns"]) == 30
+    assert not os.path.exists(str(path) + ".tmp")
+
+
+def test_report_table_and_comparison(tmp_path):
+    a, b = tmp_path / "a.h5", tmp_path / "b.h5"
+    _write(a, [_result("k", 1_000_000)])
+    _write(b, [_result("k", 1_200_000, node="n2")])
+    runner = CliRunner()
+    from slurmbox.cli.measure_cmd import measure
+    shown = runner.invoke(measure, ["report", str(a), str(b)])
+    assert shown.exit_code == 0, shown.output
+    assert "median_ms" in shown.output and "k (A) vs k (B)" in shown.output and "A faster" in shown.output
+    assert "different conditions: node" in shown.output
+    as_json = runner.invoke(measure, ["report", str(a), str(b), "--json"])
+    data = json.loads(as_json.output)
+    assert data["comparison"][0]["median_ratio"] == pytest.approx(1 / 1.2, rel=0.02)
+    assert data["comparison"][0]["significant"] is True
+    assert {r["label"] for r in data["rows"]} == {"k"}
+
+
+def test_report_refuses_a_file_that_is_not_a_record(tmp_path):
+    bogus = tmp_path / "x.h5"
+    bogus.write_text("not hdf5")
+    from slurmbox.cli.measure_cmd import measure
+    result = CliRunner().invoke(measure, ["report", str(bogus)])
+    assert result.exit_code == 1
+    assert "not a readable HDF5 file" in result.output and "Traceback" not in result.output
+
+
+def test_run_refuses_a_missing_candidate_file(tmp_path):
+    from slurmbox.cli.measure_cmd import measure
+    result = CliRunner().invoke(measure, ["run", "--task", os.path.join(DATA, "matmul_task.py"),
+                                          "--candidate", str(tmp_path / "nope.py")])
+    assert result.exit_code == 2 and "does not exist" in result.output
