@@ -1,17 +1,18 @@
 """Doctor checks of the node's services and storage: site configuration,
-munge, slurmd and slurmctld reachable, cgroup version, checkpoint store space."""
+node resources against `slurmd -C`, munge, slurmd and slurmctld reachable, cgroup version,
+checkpoint store space."""
 
 import os
 
 from slurmbox.doctor.context import run_tool
-from slurmbox.doctor.report import FAIL, PASS, WARN, Check
+from slurmbox.doctor.report import FAIL, NOT_PRESENT, PASS, WARN, Check
 
 GROUP = "node"
 
 
 def check_node(ctx, mounts_path="/proc/self/mounts"):
     """[Check] of this node's services and storage."""
-    return [check_site(ctx), check_munge(), check_slurmd(ctx), check_slurmctld(ctx),
+    return [check_site(ctx), check_resources(ctx), check_munge(), check_slurmd(ctx), check_slurmctld(ctx),
             check_cgroup(mounts_path), check_checkpoint_store(ctx)]
 
 
@@ -37,6 +38,45 @@ def check_site(ctx):
                      % (ctx.site_source, ctx.node), "add the node to a node group, or pass --node NAME")
     return Check("node.site-config", GROUP, PASS, "%s valid (cluster %s%s)"
                  % (ctx.site_source, ctx.site.cluster, ", node group %s" % name if name else ""))
+
+
+def parse_slurmd_c(text):
+    """{key: value} of the first line of `slurmd -C` output ("NodeName=vm CPUs=2 ... RealMemory=24105")."""
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    return dict(item.split("=", 1) for item in first.split() if "=" in item)
+
+
+def check_resources(ctx, slurmd_c=None):
+    """The site's CPUs and real_memory_mb for this node against what slurmd detects (`slurmd -C`).
+
+    slurmd registers a node with fewer CPUs or less memory than slurm.conf
+    says as invalid and Slurm drains it (slurm.conf(5), RealMemory)."""
+    name, group = ctx.node_group()
+    if group is None:
+        return Check("node.resources", GROUP, NOT_PRESENT, "no node group of the site configuration holds %s; "
+                     "nothing to compare" % ctx.node)
+    if slurmd_c is None:
+        status, slurmd_c = run_tool(["slurmd", "-C"])
+        if status != 0:
+            return Check("node.resources", GROUP, WARN, "`slurmd -C` failed (exit %d): %s" % (status, slurmd_c),
+                         "install slurmd on this node")
+    found = parse_slurmd_c(slurmd_c)
+    try:
+        cpus, memory = int(found["CPUs"]), int(found["RealMemory"])
+    except (KeyError, ValueError):
+        return Check("node.resources", GROUP, WARN, "cannot read `slurmd -C` output: %r" % slurmd_c[:200],
+                     "run `slurmd -C` by hand")
+    problems = []
+    if group.cpus > cpus:
+        problems.append("node group %s says cpus: %d but slurmd detects %d" % (name, group.cpus, cpus))
+    if group.real_memory_mb > memory:
+        problems.append("node group %s says real_memory_mb: %d but slurmd detects RealMemory=%d"
+                        % (name, group.real_memory_mb, memory))
+    if problems:
+        return Check("node.resources", GROUP, FAIL, "; ".join(problems) + " (Slurm would drain the node)",
+                     "correct the node group (or the hardware) and render slurm-nodes.conf again")
+    return Check("node.resources", GROUP, PASS, "node group %s (cpus %d, real_memory_mb %d) fits what slurmd "
+                 "detects (CPUs=%d RealMemory=%d)" % (name, group.cpus, group.real_memory_mb, cpus, memory))
 
 
 def check_munge():

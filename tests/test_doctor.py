@@ -13,7 +13,7 @@ import pytest
 from slurmbox.doctor import hardware
 from slurmbox.doctor.context import GresLine, NodeContext, parse_gres_conf
 from slurmbox.doctor.device_checks import check_clocks, check_gres, check_rdma, check_vendor
-from slurmbox.doctor.node_checks import cgroup_layout, check_checkpoint_store, check_site
+from slurmbox.doctor.node_checks import cgroup_layout, check_checkpoint_store, check_resources, check_site
 from slurmbox.doctor.report import FAIL, JSON_SCHEMA, NOT_PRESENT, PASS, WARN, Check, report
 from slurmbox.doctor.run import run_checks
 from slurmbox.doctor.runtime_checks import check_device_proxy, release_date
@@ -396,6 +396,23 @@ def test_gres_device_files(tmp_path):
     assert check_gres(_ctx(gres=parse_gres_conf(text.replace("[0-1]", "0"), "n1"))).status == PASS
     assert check_gres(_ctx(gres=None)).status == NOT_PRESENT
     assert check_gres(_ctx(gres=parse_gres_conf(text, "other"))).status == NOT_PRESENT
+
+
+# `slurmd -C` as printed on this project's machine (2 cores, ~24 GB).
+SLURMD_C = "NodeName=vm CPUs=2 Boards=1 SocketsPerBoard=1 CoresPerSocket=2 ThreadsPerCore=1 RealMemory=24105\n" \
+    "UpTime=0-01:52:24\n"
+
+
+def test_node_resources_against_slurmd_detection():
+    small = HGX.model_copy(deep=True)
+    small.node_groups["h100"].cpus, small.node_groups["h100"].real_memory_mb = 2, 20000
+    check = check_resources(_ctx(site=small), SLURMD_C)
+    assert check.status == PASS and "CPUs=2 RealMemory=24105" in check.summary
+    check = check_resources(_ctx(site=HGX), SLURMD_C)  # the example's 224 CPUs / 2 TB on this small machine
+    assert check.status == FAIL and "cpus: 224 but slurmd detects 2" in check.summary
+    assert "real_memory_mb: 2000000" in check.summary
+    assert check_resources(_ctx(site=HGX, node="elsewhere"), SLURMD_C).status == NOT_PRESENT
+    assert check_resources(_ctx(site=small), "garbage").status == WARN
 
 
 def test_site_check_names_the_node_group():

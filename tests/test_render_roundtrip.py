@@ -218,6 +218,7 @@ def test_doctor_on_a_rendered_node_reads_the_deployed_files(rendered_cluster):
     assert checks["node.munge"]["status"] == "pass"
     assert checks["node.site-config"]["status"] == "pass" and "node group h100" in checks["node.site-config"]["summary"]
     assert checks["devices.gres"]["status"] == "pass" and "nvidia0, nvidia1" in checks["devices.gres"]["summary"]
+    assert checks["node.resources"]["status"] == "pass", checks["node.resources"]  # cpus 2, 2000 MB fit
     # NVIDIA is configured for n1, but these are fake device nodes: NVML cannot be reached -> a failure.
     assert checks["devices.nvml"]["status"] == "fail"
     assert result.returncode == 1
