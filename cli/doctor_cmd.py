@@ -23,9 +23,11 @@ def doctor(as_json, node, slurm_conf, site_config, gres_conf, show_schema):
     not have) and what to do: runsc present, its version, a trivial sandbox
     starting, the device proxy and driver the accelerators need; gres.conf
     device files; NVML (nvidia-ml-py) and AMD SMI (amdsmi); RDMA ports
-    (pyverbs); munge, slurmd and slurmctld; cgroup version; permission to set
-    GPU clocks; free space in the checkpoint store. Exit status 1 when any
-    check fails, else 0.
+    (pyverbs); the site configuration (valid, this node in a node group,
+    plugstack required_partitions matching it, CPUs and memory against
+    `slurmd -C`); munge, slurmd and slurmctld; cgroup version; permission to
+    set GPU clocks; free space in the checkpoint store. Exit status 1 when
+    any check fails, else 0.
 
     \b
     Examples:
