@@ -33,7 +33,8 @@ def doctor(as_json, node, slurm_conf, site_config, gres_conf, show_schema):
     Examples:
       slurmbox doctor
       slurmbox doctor --json | jq '.checks[] | select(.status == "fail")'
-      SLURM_CONF=/tmp/slurmbox-dev/etc/slurm.conf slurmbox doctor --node n1
+      # node n1 of `slurmbox dev-cluster up` (its slurmd lives in a network namespace):
+      SLURM_CONF=/tmp/slurmbox-dev/etc/slurm.conf nsenter --net=/var/run/netns/sbx7-n1 slurmbox doctor --node n1
     """
     from slurmbox.doctor.report import JSON_SCHEMA
     from slurmbox.doctor.run import doctor as run_doctor

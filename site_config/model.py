@@ -603,7 +603,8 @@ def load_site(text, source="<site config>"):
     defined, overlapping node groups, accelerator counts that disagree with
     the device files, spot partitions without preemption settings or a
     higher-tier on-demand partition, vendors gVisor cannot proxy without the
-    weaker mode).
+    weaker mode). The cross-field rules run once every value has the right
+    type, so a document with type errors lists those first.
     """
     if isinstance(text, bytes):
         try:
