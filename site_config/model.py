@@ -54,6 +54,16 @@ DEFAULT_DEVICE_FILES = {
 }
 #: Checkpoint image compressions the checkpoint store implements (slurmbox.migrate.store).
 SUPPORTED_COMPRESSION = ("none",)
+#: runsc flags slurmbox sets itself (sandbox/runsc.py, sandbox/supervisor.py); a profile may not override them.
+RESERVED_RUNSC_FLAGS = {
+    "root": "each node's runsc state directory is slurmbox's",
+    "platform": "use the profile's platform:",
+    "network": "use the profile's network: and allowed_networks:",
+    "rootless": "sandboxes run as the job's user inside a root-started runsc",
+    "host-uds": "slurmbox allows only socket creation for the srun broker",
+    "nvproxy": "added when the step has NVIDIA GPUs",
+    "tpuproxy": "added when the step has TPUs",
+}
 #: Vendors gVisor has no device proxy for (the weaker unproxied mode is needed).
 UNPROXIED_VENDORS = ("amd", "trainium")
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
@@ -130,6 +140,9 @@ class ProfileModel(_Strict):
         for flag in value:
             if not flag.startswith("--"):
                 raise ValueError("runsc flag %r must start with --" % flag)
+            name = flag[2:].split("=", 1)[0]
+            if name in RESERVED_RUNSC_FLAGS:
+                raise ValueError("runsc flag --%s is set by slurmbox itself: %s" % (name, RESERVED_RUNSC_FLAGS[name]))
         return value
 
 
