@@ -208,6 +208,9 @@ class Supervisor:
         request, plan, prefix, groups = self.prepare(message["env"])
         env = {str(k): str(v) for k, v in dict(message["env"]).items()}
         env.update(plan.env)
+        from slurmbox.topology import sandbox_hints  # this node's NCCL topology file, if the site has one
+        topo_mounts, topo_env = sandbox_hints.for_step(self.args.site_config, self.args.node, env)
+        env.update(topo_env)
         root = request.image or "/"
         task_cwd = self._peer_cwd(peer_pid, groups)
         cwd = request.workdir or task_cwd
@@ -223,9 +226,10 @@ class Supervisor:
         process = bundle.process_spec(argv, env, cwd, self.args.uid, self.args.gid, groups,
                                       message.get("tty"), bundle.process_rlimits(peer_pid))
         bind_dirs = [task_cwd] if task_cwd != "/" and os.path.isdir(task_cwd) else []
-        extra_mounts = []
+        extra_mounts = list(topo_mounts)
         if self.args.step == "batch" and not request.dry_run:
-            extra_mounts, prefix = self._batch_step_access(prefix, process, request, groups, fds, task_cwd)
+            batch_mounts, prefix = self._batch_step_access(prefix, process, request, groups, fds, task_cwd)
+            extra_mounts += batch_mounts
         spec = bundle.build_spec(process, request, self.args.node, bind_dirs, plan.devices, extra_mounts)
         if request.dry_run:
             for problem in plan.problems:

@@ -5,8 +5,8 @@ import random
 
 import pytest
 
-from slurmbox.topology import (ibnetdiscover, nccl_hints, nccl_xml, nvidia_smi, override, place, slurm_conf,
-                               slurm_out, sources)
+from slurmbox.topology import (ibnetdiscover, nccl_hints, nccl_xml, nvidia_smi, override, place, sandbox_hints,
+                               slurm_conf, slurm_out, sources)
 from slurmbox.topology.model import Gpu, Nic, NicPort, NodeTopology, Topology, TopologyError
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "topology")
@@ -338,3 +338,34 @@ def test_override_maps_guids_domains_and_exclusions():
 def test_override_unknown_key():
     with pytest.raises(TopologyError, match="frobnicate"):
         override.parse("frobnicate: 1\n")
+
+
+# -- what the sandbox gets ------------------------------------------------------------------------
+def _site(tmp_path, node="n1", mode=0o644):
+    site = tmp_path / "site.yaml"
+    site.write_text("cluster: x\n")
+    node_dir = tmp_path / "topology" / node
+    node_dir.mkdir(parents=True)
+    target = node_dir / sandbox_hints.FILE_NAME
+    target.write_text(nccl_xml.to_xml(nccl_xml.parse(read("nccl-topo-xml/" + XMLS[2]))))
+    os.chmod(target, mode)
+    return str(site), str(target)
+
+
+def test_sandbox_hints_mount_and_variables_for_the_steps_gpus(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("the hints file must be owned by root")
+    site, target = _site(tmp_path)
+    mounts, env = sandbox_hints.for_step(site, "n1", {"SLURM_STEP_GPUS": "2,3"})
+    assert [(m.source, m.destination, m.read_only) for m in mounts] == [(target, sandbox_hints.TOPO_MOUNT, True)]
+    assert env == {"NCCL_TOPO_FILE": sandbox_hints.TOPO_MOUNT, "NCCL_IB_HCA": "=mlx5_2:1,mlx5_3:1"}
+    # The step's own settings win; other nodes have no file.
+    _, env = sandbox_hints.for_step(site, "n1", {"NCCL_IB_HCA": "=mine"})
+    assert "NCCL_IB_HCA" not in env
+    assert sandbox_hints.for_step(site, "n2", {}) == ([], {})
+
+
+def test_sandbox_hints_ignore_a_file_others_can_write(tmp_path, capsys):
+    site, target = _site(tmp_path, mode=0o666)
+    assert sandbox_hints.for_step(site, "n1", {}) == ([], {})
+    assert "ignoring %s" % target in capsys.readouterr().err
