@@ -120,3 +120,62 @@ def render(file, out_dir, topology_file, as_json):
         return
     for path in paths:
         click.echo(path)
+
+
+def _partition_line(name, p):
+    every = "every %d s" % p["checkpoint_interval_s"] if p["checkpoint_interval_s"] else "on preemption only"
+    return ("%s: sandbox %s, profile %s%s, %s, checkpoint %s (%s), restore fallback %s"
+            % (name, p["sandbox"], p["default_profile"],
+               " (allowed: %s)" % ", ".join(p["allowed_profiles"]) if p["allowed_profiles"] else "",
+               "preemptible (spot)" if p["preemptible"] else "on-demand", p["checkpoint_mode"],
+               every if p["checkpoint_mode"] != "none" else "off", p["restore_fallback"]))
+
+
+@config.command("show")
+@click.argument("file")
+@click.option("--json", "as_json", is_flag=True, help="Print the compiled JSON the supervisor caches.")
+@click.option("--partition", default=None, help="Only this partition's compiled policy.")
+def show(file, as_json, partition):
+    """Print the compiled policy of FILE: what the step start path reads.
+
+    Profiles (limits in MB and seconds), partition policies with checkpoint
+    settings, the checkpoint store and the measurement policy.
+
+    \b
+    Examples:
+      slurmbox config show site.yaml
+      slurmbox config show site.yaml --partition spot --json
+    """
+    from slurmbox.site_config.model import compile_site
+
+    site, _, err = _load(file)
+    if err is not None:
+        _fail(err, as_json)
+    data = compile_site(site).to_json()
+    if partition is not None and partition not in data["partitions"]:
+        click.echo("%s: no partition %r (partitions: %s)" % (file, partition, ", ".join(data["partitions"])),
+                   err=True)
+        sys.exit(EXIT_INVALID)
+    if as_json:
+        click.echo(json.dumps(data["partitions"][partition] if partition else data, indent=2, sort_keys=True))
+        return
+    names = [partition] if partition else list(data["partitions"])
+    for name in names:
+        click.echo(_partition_line(name, data["partitions"][name]))
+    if partition:
+        return
+    for name, p in data["profiles"].items():
+        limits = ", ".join("%s %s" % (k, v) for k, v in (("memory_limit_mb", p["memory_limit_mb"]),
+                                                         ("pids_limit", p["pids_limit"]),
+                                                         ("wall_limit_s", p["wall_limit_s"])) if v)
+        click.echo("profile %s: network %s (allowed: %s), platform %s%s%s" % (
+            name, p["network"], ", ".join(p["allowed_networks"]), p["platform"],
+            ", unproxied devices allowed" if p["allow_unproxied_devices"] else "", ", " + limits if limits else ""))
+    store = data["checkpoint_store"]
+    click.echo("checkpoint store: %s, keep last %d, compression %s, min free %d MB"
+               % (store["path"], store["keep_last"], store["compression"], store["min_free_mb"]))
+    m = data["measurement"]
+    click.echo("measurement: exclusive GPUs %s, clocks %s%s, harness CPUs %s, sandbox CPUs %s"
+               % ("yes" if m["exclusive_gpus"] else "no", m["clock_policy"],
+                  " at %d MHz" % m["locked_sm_clock_mhz"] if m["clock_policy"] == "locked" else "",
+                  m["harness_cpus"] or "any", m["sandbox_cpus"] or "any"))

@@ -1,0 +1,103 @@
+"""`slurmbox config validate|show` through the real command line: exit codes,
+compiler-style problem lines on stderr, --json, never a traceback."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from slurmbox.site_config.model import compile_site, load_site_file
+
+EXAMPLES_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "site-configs")
+EXAMPLES = sorted(name for name in os.listdir(EXAMPLES_DIR) if name.endswith(".yaml"))
+
+
+def slurmbox(*args):
+    return subprocess.run([sys.executable, "-m", "slurmbox.cli.main", *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_validate_accepts_every_example(name):
+    path = os.path.join(EXAMPLES_DIR, name)
+    result = slurmbox("config", "validate", path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("%s: valid: cluster " % path)
+    data = json.loads(slurmbox("config", "validate", "--json", path).stdout)
+    assert data["valid"] is True and data["partitions"] == sorted(load_site_file(path).partitions)
+
+
+def test_validate_reports_each_problem_with_file_line_and_key_path(tmp_path):
+    bad = tmp_path / "site.yaml"
+    bad.write_text("cluster: demo\n"
+                   "node_groups:\n"
+                   "  gpu:\n"
+                   "    nodes: n[1-4]\n"
+                   "    vendor: nvidia\n"
+                   "    model: h100\n"
+                   "    count: 8\n"
+                   "    devices: /dev/nvidia[0-3]\n"
+                   "    cpus: 64\n"
+                   "    real_memory_mb: 500000\n"
+                   "partitions:\n"
+                   "  spot:\n"
+                   "    nodes: [gpu]\n"
+                   "    spot: true\n"
+                   "    default_profile: ghost\n")
+    result = slurmbox("config", "validate", str(bad))
+    assert result.returncode == 2 and result.stdout == ""
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.splitlines()
+    assert "%s:8: node_groups.gpu.devices: count is 8 but devices /dev/nvidia[0-3] lists 4 device files; they " \
+           "must agree" % bad in lines
+    assert any(l.startswith("%s:15: partitions.spot.default_profile: partition 'spot' names profile 'ghost'" % bad)
+               for l in lines), lines
+    assert any(l.startswith("%s:12: partitions.spot: spot partition 'spot' needs preemption settings" % bad)
+               for l in lines), lines
+    data = json.loads(slurmbox("config", "validate", "--json", str(bad)).stdout)
+    assert data["valid"] is False
+    assert {(p["path"], p["line"]) for p in data["problems"]} == {
+        ("node_groups.gpu.devices", 8), ("partitions.spot.default_profile", 15), ("partitions.spot", 12)}
+
+
+@pytest.mark.parametrize("content, needle", [
+    (b"\x7fELF\x02\x01\x01\x00\xff\xfe binary", "not UTF-8 text"),
+    (b"\x7fELF\x02\x01\x01\x00", "not valid YAML: unacceptable character"),
+    (b"key: [unclosed\n", "not valid YAML"),
+    (b"- a\n- b\n", "expected a mapping"),
+    (b"", "empty document"),
+])
+def test_files_that_are_not_site_configurations_exit_2_without_traceback(tmp_path, content, needle):
+    path = tmp_path / "odd"
+    path.write_bytes(content)
+    result = slurmbox("config", "validate", str(path))
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.startswith(str(path)) and needle in result.stderr
+
+
+def test_unreadable_paths_exit_2(tmp_path):
+    for path in (tmp_path / "missing.yaml", tmp_path):
+        result = slurmbox("config", "validate", str(path))
+        assert result.returncode == 2 and "cannot read the file" in result.stderr
+        assert "Traceback" not in result.stderr
+
+
+def test_show_prints_the_compiled_policy():
+    path = os.path.join(EXAMPLES_DIR, "hgx-h100-h200-spot.yaml")
+    data = json.loads(slurmbox("config", "show", "--json", path).stdout)
+    assert data == json.loads(json.dumps(compile_site(load_site_file(path)).to_json()))
+    spot = json.loads(slurmbox("config", "show", "--json", "--partition", "spot", path).stdout)
+    assert spot["preemptible"] is True and spot["checkpoint_interval_s"] == 1800
+    text = slurmbox("config", "show", path).stdout
+    assert "spot: sandbox required, profile untrusted (allowed: untrusted, eval), preemptible (spot)" in text
+    missing = slurmbox("config", "show", "--partition", "nope", path)
+    assert missing.returncode == 2 and "no partition 'nope'" in missing.stderr
+
+
+@pytest.mark.parametrize("args", [("config",), ("config", "validate"), ("config", "render"), ("config", "show"),
+                                  ("doctor",)])
+def test_every_command_has_help_with_examples(args):
+    result = slurmbox(*args, "--help")
+    assert result.returncode == 0 and "Examples:" in result.stdout
