@@ -200,7 +200,17 @@ class NodeGroupModel(_Strict):
     @field_validator("nodes")
     @classmethod
     def _hostlist(cls, value):
-        slurm_syntax.expand_hostlist(value)
+        for name in slurm_syntax.expand_hostlist(value):
+            if not re.match(_NAME, name):
+                raise ValueError("node name %r: use letters, digits, '_', '.', '-'" % name)
+        return value
+
+    @field_validator("node_addr")
+    @classmethod
+    def _addresses(cls, value):
+        for address in value:
+            if not re.match(r"^[A-Za-z0-9][A-Za-z0-9.:_-]*$", address):
+                raise ValueError("node address %r: expected an IP address or host name" % address)
         return value
 
     @field_validator("features")
@@ -444,7 +454,15 @@ def _check_measurement(site):
                "harness_cpus and sandbox_cpus share CPUs %s; they must be disjoint" % sorted(both)[:8])
 
 
-SEMANTIC_CHECKS = (_check_profiles, _check_node_groups, _check_partitions, _check_measurement)
+def _check_names(site):
+    for section in ("node_groups", "partitions", "profiles"):
+        for name in getattr(site, section):
+            if not re.match(_NAME, name):
+                yield ((section, name), "name %r: use letters, digits, '_', '.', '-' (it becomes a Slurm or "
+                       "--sandbox=PROFILE name)" % name)
+
+
+SEMANTIC_CHECKS = (_check_names, _check_profiles, _check_node_groups, _check_partitions, _check_measurement)
 
 
 # -- loading with key paths and line numbers ------------------------------------------

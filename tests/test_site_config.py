@@ -177,6 +177,9 @@ def test_compiled_defaults_when_the_document_omits_sections():
     (lambda d: d["checkpoint_store"].update(path="relative/dir"), "checkpoint_store.path", None,
      "expected an absolute path"),
     (lambda d: d["node_groups"]["hgx"].update(nodes="gpu[05-01]"), "node_groups.hgx.nodes", None, "downwards"),
+    (lambda d: d["node_groups"]["hgx"].update(nodes="gpu=[1-2]"), "node_groups.hgx.nodes", None, "node name"),
+    (lambda d: d["partitions"].update({"my part": d["partitions"].pop("rocm")}), "partitions.my part", None,
+     "use letters, digits"),
     (lambda d: d["node_groups"]["hgx"].pop("cpus"), "node_groups.hgx.cpus", None, "required key is missing"),
 ])
 def test_mutated_configs_are_rejected_with_path_line_and_reason(change, path, line, needle):
