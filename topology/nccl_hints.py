@@ -6,7 +6,7 @@ Variables (NCCL "Environment Variables" documentation; RCCL reads the same names
   exactly (``mlx5_1`` would otherwise also select ``mlx5_10``); the NICs nearest each of
   the step's GPUs, active RDMA ports only.
 - ``NCCL_SOCKET_IFNAME``: ``=ifname,...`` of those NICs' network interfaces when known
-  (bootstrap traffic); otherwise ``^lo,docker`` (anything but loopback/docker).
+  (bootstrap traffic); left unset otherwise (NCCL's default already skips lo and docker).
 - ``NCCL_IB_GID_INDEX``: for RoCE (Ethernet link layer) ports, the RoCE v2 GID index with
   an IPv4-mapped address.
 - ``NCCL_CROSS_NIC=0``: when the chosen NICs sit on different InfiniBand subnets (different
@@ -59,7 +59,8 @@ def step_hints(node, gpus=None, step_hosts=None, domain_of=None):
             netdevs.append(nic.netdev)
     if entries:
         env["NCCL_IB_HCA"] = "=" + ",".join(entries)
-    env["NCCL_SOCKET_IFNAME"] = ("=" + ",".join(netdevs)) if netdevs else "^lo,docker"
+    if netdevs:
+        env["NCCL_SOCKET_IFNAME"] = "=" + ",".join(netdevs)
     if len(gid_indices) == 1:
         env["NCCL_IB_GID_INDEX"] = str(gid_indices.pop())
     if len(subnets) > 1:

@@ -55,6 +55,9 @@ def parse(text, name="override"):
     """Override file text -> Override; TopologyError naming the bad key otherwise."""
     try:
         data = yaml.safe_load(text) or {}
+        if not isinstance(data, dict):
+            raise TopologyError("%s: an override file is a YAML mapping with the keys %s" % (
+                name, ", ".join(Override.model_fields)))
         return Override.model_validate(data)
     except yaml.YAMLError as err:
         raise TopologyError("%s: not YAML: %s" % (name, err))

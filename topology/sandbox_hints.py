@@ -69,7 +69,5 @@ def for_step(site_config, node, env):
         variables.update(nccl_hints.step_hints(node_topo, _step_gpus(env)))
     except Exception as err:  # a bad file must not stop the step; NCCL still gets the file
         sys.stderr.write("slurmbox: warning: %s: no NCCL hints derived (%s)\n" % (path, err))
-    if variables.get("NCCL_SOCKET_IFNAME", "").startswith("^"):
-        del variables["NCCL_SOCKET_IFNAME"]  # the generic fallback is NCCL's own default
     variables = {k: v for k, v in variables.items() if k not in env}
     return [Mount(path, TOPO_MOUNT, True)], variables
