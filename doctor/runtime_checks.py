@@ -8,6 +8,7 @@ list-supported-drivers``); TPUs need ``--tpuproxy``; AMD and Trainium
 devices have no gVisor proxy.
 """
 
+import os
 import re
 import shutil
 import tempfile
@@ -76,7 +77,9 @@ def _sandbox_start(runsc_path, caps, scratch):
         platform = choose_platform("auto", caps)
     except RunscError as err:
         return Check("runsc.sandbox-start", GROUP, FAIL, str(err), "reinstall runsc")
-    argv = [runsc_path, "--root", scratch, "--network=none", "--platform=%s" % platform, "do", "/bin/true"]
+    rootless = ["--rootless"] if os.geteuid() != 0 else []  # runsc do needs it when not root
+    argv = [runsc_path, "--root", scratch, *rootless, "--network=none", "--platform=%s" % platform, "do",
+            "/bin/true"]
     status, output = run_tool(argv, timeout=60)
     if status == 0:
         return Check("runsc.sandbox-start", GROUP, PASS, "a trivial sandbox started and exited 0 (platform %s)"
