@@ -123,7 +123,10 @@ def _move_job(cluster, workdir, evacuate):
     try:
         result = evacuate(node)
         assert result.returncode == 0, result.stdout + result.stderr
-        other = cluster.wait_for(lambda: running_node(cluster, job), timeout=120, what="job to run again")
+        other = cluster.wait_for(lambda: running_node(cluster, job), timeout=120,
+                                 what=lambda: "job to run again: %s; %s; sinfo %s" % (
+                                     result.stdout, job_record(cluster, job),
+                                     cluster.run(["sinfo", "-N"], user="root").stdout))
         assert other != node
         state = job_record(cluster, job) and _node_state(cluster, node)
         assert "DRAIN" in state, state
