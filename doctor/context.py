@@ -61,11 +61,17 @@ class NodeContext:
 
 
 def run_tool(argv, env=None, timeout=20, input=None):
-    """Run a command on the fixed PATH -> (exit status, combined output). Never raises."""
+    """Run a command on the fixed PATH -> (exit status, combined output). Never raises.
+
+    stdin is always a pipe (``input``, or empty), never the caller's: runsc
+    re-owns the stdio it is given to the sandbox's user, which would turn an
+    inherited /dev/null into nobody's file (see slurmbox.sandbox.stdio_relay).
+    """
     full_env = {"PATH": TOOL_PATH, "LANG": "C.UTF-8"}
     full_env.update(env or {})
     try:
-        result = subprocess.run(argv, capture_output=True, text=True, env=full_env, timeout=timeout, input=input)
+        result = subprocess.run(argv, capture_output=True, text=True, env=full_env, timeout=timeout,
+                                input="" if input is None else input)
     except FileNotFoundError:
         return 127, "%s: not installed" % argv[0]
     except subprocess.TimeoutExpired:

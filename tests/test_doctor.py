@@ -494,3 +494,19 @@ def test_doctor_text_output_gives_an_action_for_every_warning_and_failure(tmp_pa
 def test_doctor_schema_option_prints_the_schema():
     result = _doctor("--schema")
     assert result.returncode == 0 and json.loads(result.stdout) == json.loads(json.dumps(JSON_SCHEMA))
+
+
+def test_doctor_never_hands_its_own_stdin_to_runsc(tmp_path):
+    # runsc re-owns the stdio it is given to the sandbox user; the trivial-sandbox check
+    # must give it pipes, or a doctor run from a shell would turn /dev/null into nobody's file.
+    stdin_file = tmp_path / "stdin"
+    stdin_file.write_text("")
+    os.chown(stdin_file, 0, 0)
+    with open(stdin_file) as stdin:
+        result = subprocess.run([sys.executable, "-m", "slurmbox.cli.main", "doctor", "--json", "--slurm-conf",
+                                 str(tmp_path / "slurm.conf")], stdin=stdin, capture_output=True, text=True,
+                                timeout=300)
+    checks = {c["id"]: c["status"] for c in json.loads(result.stdout)["checks"]}
+    if os.geteuid() == 0:
+        assert checks.get("runsc.sandbox-start") == PASS, checks
+    assert (os.stat(stdin_file).st_uid, os.stat(stdin_file).st_gid) == (0, 0)
