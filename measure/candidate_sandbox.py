@@ -200,8 +200,10 @@ class SandboxedCandidate(_Candidate):
     """
 
     def __init__(self, candidate_path, label, cpus=None, platform="auto", uid=NOBODY, gid=NOBODY,
-                 start_timeout=60.0, extra_runsc_flags=()):
+                 start_timeout=60.0, extra_runsc_flags=(), gpus=()):
         super().__init__(candidate_path, label, uid, gid, start_timeout)
+        self.gpus = list(gpus)
+        self.device_plan = None
         self.cpus = set(cpus) if cpus else None
         self.platform_request = platform
         self.extra_runsc_flags = tuple(extra_runsc_flags)
@@ -217,13 +219,17 @@ class SandboxedCandidate(_Candidate):
                   options.Mount(source=self.channel_dir, destination="/channel", read_only=False)]
         mounts += _python_mounts()
         request = SimpleNamespace(image=None, network="none", mounts=mounts)
+        env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
+               "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        plan = self.device_plan
+        if plan is not None and plan.devices:
+            env.update(plan.env)
+            env["SLURMBOX_MEASURE_GPU"] = "1"
         process = bundle.process_spec(
-            [sys.executable, "-I", "/candidate/runner.py", "/candidate/candidate.py", "/channel/sock"],
-            {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
-             "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"},
+            [sys.executable, "-I", "/candidate/runner.py", "/candidate/candidate.py", "/channel/sock"], env,
             "/tmp", self.uid, self.gid, [], False,
             [{"type": "RLIMIT_NOFILE", "soft": 1024, "hard": 1024}, {"type": "RLIMIT_CORE", "soft": 0, "hard": 0}])
-        spec = bundle.build_spec(process, request, "candidate", [], [])
+        spec = bundle.build_spec(process, request, "candidate", [], plan.devices if plan is not None else [])
         spec["linux"]["cgroupsPath"] = self.cgroups_path
         if self.cpus:
             with open("/sys/fs/cgroup/cpuset/cpuset.mems" if isolation.cgroup_version() == 1
@@ -240,7 +246,11 @@ class SandboxedCandidate(_Candidate):
             runsc_path = runsc.find_runsc()
             caps = runsc.capabilities(runsc_path, RUNTIME_DIR)
             platform = runsc.choose_platform(self.platform_request, caps)
-        except runsc.RunscError as err:
+            from slurmbox.sandbox import devices
+            self.device_plan = devices.plan_devices(self.gpus, set(caps.get("flags", ())))
+        except (runsc.RunscError, OSError) as err:
+            raise SandboxStartError(str(err))
+        except Exception as err:  # devices.DeviceError: the message says what to do
             raise SandboxStartError(str(err))
         isolation.prepare_parent()
         try:
@@ -252,11 +262,13 @@ class SandboxedCandidate(_Candidate):
                 json.dump(self.spec, handle, indent=1)
             os.makedirs(self.state_root, mode=0o700, exist_ok=True)
             self.runsc_prefix = runsc.global_args(runsc_path, self.state_root, platform, "none",
-                                                  ["--host-uds=create", *self.extra_runsc_flags])
+                                                  ["--host-uds=create", *self.device_plan.runsc_flags,
+                                                   *self.extra_runsc_flags])
             self.config = {"runtime": "runsc", "runsc_version": caps.get("version", "?"), "platform": platform,
                            "network": "none", "host_uds": "create", "uid": self.uid, "gid": self.gid,
                            "root_readonly": True, "cgroups_path": self.cgroups_path,
                            "cpus": isolation.format_cpu_list(self.cpus) if self.cpus else "",
+                           "gpus": list(self.gpus), "runsc_flags": list(self.runsc_prefix[1:]),
                            "mounts": [m["destination"] + ":" + ",".join(m.get("options", [])) for m in
                                       self.spec["mounts"] if m["type"] == "bind"]}
             self._spawn(self.runsc_prefix + ["run", "--bundle", bundle_dir, self.id])

@@ -40,6 +40,10 @@ FATAL = {"candidate_error", "candidate_crashed", "timeout", "protocol_violation"
 class MeasureOptions:
     """How to measure. CPUs are sets of ints; times in seconds unless named _ns.
 
+    ``gpus``: device files (e.g. "/dev/nvidia0") passed into the sandbox
+    through runsc's proxy; ``gpu_indices``: their NVML indices, read for
+    throttle reasons after every sample (throttled samples are kept in the
+    record but left out of the statistics and counted).
     ``isolation``: pin the harness to ``harness_cpus`` (SCHED_FIFO when
     ``realtime``) and the sandbox to ``sandbox_cpus``; off: no pinning
     (benchmark comparison only). ``sandbox``: "runsc" or "bare" (no
@@ -68,12 +72,14 @@ class MeasureOptions:
     max_output_bytes: int = 1 << 31
     calibrate: bool = True
     verify: bool = True
+    gpus: tuple = ()
+    gpu_indices: tuple = ()
 
 
 @dataclass
 class CandidateResult:
     """Everything measured about one candidate. ``samples``: dict of equal-length numpy arrays
-    (kind, wall_ns, cpu_ns, quiet_wall_ns, quiet_cpu_ns, claimed_ns, correct); ``summary``:
+    (kind, wall_ns, cpu_ns, quiet_wall_ns, quiet_cpu_ns, claimed_ns, correct, throttle); ``summary``:
     stats.summarize of the timed samples; ``reward_ns``: the median, or None when withheld."""
 
     label: str
@@ -129,6 +135,8 @@ class _Sampler:
         self.saved_repeat = None
         self.flagged_samples = 0
         self.cpu_events = []
+        from slurmbox.measure import gpu
+        self.throttle = gpu.ThrottleMonitor(tuple(options.gpu_indices))
 
     def calibrate_idle(self, wall_ns=30_000_000):
         """Measure the idle sandbox's CPU rate (the runner waiting on its socket)."""
@@ -193,7 +201,8 @@ class _Sampler:
         wall = t1 - t0
         window_cpu = None if (u0 is None or u1 is None) else u1 - u0
         row = {"kind": kind, "wall_ns": wall, "cpu_ns": -1 if window_cpu is None else window_cpu,
-               "quiet_wall_ns": -1, "quiet_cpu_ns": -1, "claimed_ns": -1, "correct": 0}
+               "quiet_wall_ns": -1, "quiet_cpu_ns": -1, "claimed_ns": -1, "correct": 0,
+               "throttle": self.throttle.read()}
         self.rows.append(row)
         if header.get("id") != index or header["op"] not in ("result", "error"):
             self.flags.append(Flag("protocol_violation", index, "expected result %d, got op %r id %r"
@@ -295,7 +304,7 @@ def _make_candidate(options, path, label):
     if options.sandbox == "bare":
         return cs.BareCandidate(path, label, cpus=cpus, uid=options.uid, gid=options.gid)
     return cs.SandboxedCandidate(path, label, cpus=cpus, platform=options.platform, uid=options.uid,
-                                 gid=options.gid)
+                                 gid=options.gid, gpus=options.gpus)
 
 
 def file_sha256(path):
@@ -319,6 +328,7 @@ def measure_candidate(task, reference, candidate_path, label, options, fingerpri
     rule = options.rule
     candidate = _make_candidate(options, candidate_path, label)
     flags, rows, stdout, stderr, converged = [], [], "", "", False
+    throttle_histogram = {}
     config = {}
     try:
         candidate.start()
@@ -361,7 +371,7 @@ def measure_candidate(task, reference, candidate_path, label, options, fingerpri
                 else:
                     inputs = task.make_inputs(rng_inputs, task.timing_shape)
                     ok = sampler.sample(index, KIND_TIMED, inputs, reference.expected(inputs))
-                    if len(sampler.rows) > before:
+                    if len(sampler.rows) > before and not sampler.rows[-1]["throttle"]:
                         timed.append(sampler.rows[-1]["wall_ns"])
                 index += 1
                 stop, converged = rule.done(timed, time.monotonic() - loop_start)
@@ -373,6 +383,8 @@ def measure_candidate(task, reference, candidate_path, label, options, fingerpri
             if restore is not None:
                 restore()
             sampler.account.close()
+            throttle_histogram = dict(sampler.throttle.histogram)
+            sampler.throttle.close()
             flags = sampler.flags + sampler.cpu_flags()
             rows = sampler.rows
             leftovers = candidate.channel_leftovers()
@@ -389,11 +401,14 @@ def measure_candidate(task, reference, candidate_path, label, options, fingerpri
     if correct.size and correct.any() and not correct.all() and not any(f.reason in FATAL for f in flags):
         flags.append(Flag("intermittent_incorrect", -1, "%d of %d samples correct" % (int(correct.sum()), correct.size)))
     samples = {key: np.array([r[key] for r in rows], dtype=np.int64)
-               for key in ("wall_ns", "cpu_ns", "quiet_wall_ns", "quiet_cpu_ns", "claimed_ns")}
+               for key in ("wall_ns", "cpu_ns", "quiet_wall_ns", "quiet_cpu_ns", "claimed_ns", "throttle")}
     samples["kind"] = kinds
     samples["correct"] = correct
-    timed_ns = samples["wall_ns"][kinds == KIND_TIMED] if rows else np.zeros(0)
+    clean = (kinds == KIND_TIMED) & (samples["throttle"] == 0) if rows else np.zeros(0, dtype=bool)
+    timed_ns = samples["wall_ns"][clean] if rows else np.zeros(0)
     summary = stats.summarize(timed_ns)
+    summary["throttled_discarded"] = int(((kinds == KIND_TIMED) & (samples["throttle"] != 0)).sum()) if rows else 0
+    summary["throttle_histogram"] = throttle_histogram
     repeat_rows = samples["wall_ns"][kinds == KIND_REPEAT] if rows else np.zeros(0)
     if repeat_rows.size and timed_ns.size >= 3 and repeat_rows.min() < 0.5 * summary["median_ns"]:
         flags.append(Flag("repeat_input_faster", int(np.nonzero(kinds == KIND_REPEAT)[0][0]),

@@ -9,9 +9,10 @@ Layout (format ``slurmbox-measure/1``)::
                                   node, cpu_model, harness_cpus, sandbox_cpus, kernel,
                                   gpu_present, gpu_json, sandbox_json, fingerprint_json,
                                   stdout, stderr (first 64 KiB each)
-        kind, wall_ns, cpu_ns, quiet_wall_ns, quiet_cpu_ns, claimed_ns, correct
+        kind, wall_ns, cpu_ns, quiet_wall_ns, quiet_cpu_ns, claimed_ns, correct, throttle
                            per-sample datasets, equal length (kind: 0 warmup,
                            1 timed, 2 hidden-shape probe, 3 repeat probe;
+                           throttle: NVML throttle-reason bits, 0 = clean;
                            -1 where a value is unavailable)
 """
 
@@ -21,7 +22,7 @@ import os
 import time
 
 FORMAT = "slurmbox-measure/1"
-SAMPLE_FIELDS = ("kind", "wall_ns", "cpu_ns", "quiet_wall_ns", "quiet_cpu_ns", "claimed_ns", "correct")
+SAMPLE_FIELDS = ("kind", "wall_ns", "cpu_ns", "quiet_wall_ns", "quiet_cpu_ns", "claimed_ns", "correct", "throttle")
 
 
 class RecordError(ValueError):
@@ -51,7 +52,8 @@ def write_campaign(path, task, results, task_sha256=""):
         for result in results:
             group = parent.create_group(group_name(result.label))
             for key in SAMPLE_FIELDS:
-                group.create_dataset(key, data=result.samples[key])
+                if key in result.samples:
+                    group.create_dataset(key, data=result.samples[key])
             fp = result.fingerprint
             attrs = {
                 "label": result.label, "verdict": result.verdict,

@@ -26,6 +26,45 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import protocol  # noqa: E402  (the copy next to this file)
 
 MAX_INPUT_BYTES = 1 << 34
+#: Set by the harness when the sandbox holds GPUs: flush L2 before every call and
+#: synchronise the whole device before answering.
+GPU = os.environ.get("SLURMBOX_MEASURE_GPU") == "1"
+
+
+class _Gpu:
+    """Device hygiene around each call, when torch and a CUDA device are present.
+
+    Before the call: reset persisting-L2 lines (cudaCtxResetPersistingL2Cache,
+    CUDA runtime API) and overwrite a buffer of twice the L2 size, so every
+    sample starts cold. After the call: a device-wide synchronisation
+    (torch.cuda.synchronize) before the output is copied to the host. These
+    run in the candidate's process, so they are hygiene, not trust: the
+    harness's clock stops only when the output bytes have reached it.
+    """
+
+    def __init__(self):
+        import ctypes
+
+        import torch
+        self.torch = torch
+        l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0) or 64 << 20
+        self.flush_buffer = torch.empty(2 * l2 // 4 + 1, dtype=torch.int32, device="cuda")
+        try:
+            self.cudart = ctypes.CDLL("libcudart.so")
+        except OSError:
+            self.cudart = None
+
+    def before(self):
+        if self.cudart is not None:
+            self.cudart.cudaCtxResetPersistingL2Cache()
+        self.flush_buffer.zero_()
+        self.torch.cuda.synchronize()
+
+    def after(self, output):
+        self.torch.cuda.synchronize()
+        if hasattr(output, "detach") and hasattr(output, "cpu"):
+            output = output.detach().cpu().numpy()
+        return output
 
 
 def load_candidate(path):
@@ -40,7 +79,7 @@ def load_candidate(path):
     return entry
 
 
-def serve(entry, conn):
+def serve(entry, conn, gpu=None):
     """Answer requests on ``conn`` until ``exit`` or end of stream."""
     while True:
         try:
@@ -51,9 +90,13 @@ def serve(entry, conn):
             return
         arrays = protocol.recv_arrays(conn, header, MAX_INPUT_BYTES)
         inputs = {name: array for name, array in arrays}
+        if gpu is not None:
+            gpu.before()
         started = time.perf_counter_ns()
         try:
             output = entry(**inputs)
+            if gpu is not None:
+                output = gpu.after(output)
             import numpy as np
             output = np.asarray(output)
         except Exception:  # the candidate's own failure, reported to the harness
@@ -76,12 +119,13 @@ def main(argv):
     conn, _ = listener.accept()
     listener.close()
     try:
+        gpu = _Gpu() if GPU else None
         entry = load_candidate(candidate_path)
     except BaseException:
         protocol.send(conn, {"op": "error", "id": None, "error": traceback.format_exc(limit=5)[-2000:]})
         return 3
     protocol.send(conn, {"op": "hello", "pid": os.getpid()})
-    serve(entry, conn)
+    serve(entry, conn, gpu)
     return 0
 
 
