@@ -245,6 +245,10 @@ profiles:
     network: none
     allowed_networks: [none]
     allow_custom_image: false
+  limited:
+    network: none
+    memory_limit_mb: 192
+    wall_limit: "0:08"
 partitions:
   secure:
     sandbox: required

@@ -134,6 +134,23 @@ def build_spec(process, request, hostname, bind_dirs, devices, extra_mounts=(), 
     }
 
 
+def apply_profile_limits(spec, profile):
+    """Put a profile's resource limits into ``spec`` (OCI config dict, changed in place).
+
+    ``profile.memory_limit_mb`` (MB, 0 = none) becomes ``linux.resources.memory.limit``
+    in bytes and ``profile.pids_limit`` (0 = none) ``linux.resources.pids.limit``
+    (OCI runtime spec, config-linux.md "Memory" and "PIDs"); runsc applies both
+    to the cgroup holding the whole sandbox, so a sandbox over its memory limit
+    is killed as a whole. The wall limit is the supervisor's to enforce.
+    """
+    resources = spec.setdefault("linux", {}).setdefault("resources", {})
+    if getattr(profile, "memory_limit_mb", 0):
+        resources["memory"] = {"limit": profile.memory_limit_mb * 1024 * 1024}
+    if getattr(profile, "pids_limit", 0):
+        resources["pids"] = {"limit": profile.pids_limit}
+    return spec
+
+
 def path_reachable(path, uid, gids, write=False):
     """True when ``uid`` (with groups ``gids``) may reach ``path`` by the mode bits.
 

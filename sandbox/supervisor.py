@@ -130,6 +130,7 @@ class Supervisor:
                                           "the job's user may not %s %s on this node"
                                           % ("read" if mount.read_only else "write", mount.source))
         profile = policy.profiles[request.profile]
+        self.profile = profile
         runsc_path = runsc.find_runsc()
         caps = runsc.capabilities(runsc_path, self.node_dir)
         plan = devices.plan_devices(self._allocated_device_files(task_env), set(caps["flags"]),
@@ -231,6 +232,7 @@ class Supervisor:
             batch_mounts, prefix = self._batch_step_access(prefix, process, request, groups, fds, task_cwd)
             extra_mounts += batch_mounts
         spec = bundle.build_spec(process, request, self.args.node, bind_dirs, plan.devices, extra_mounts)
+        bundle.apply_profile_limits(spec, self.profile)
         if request.dry_run:
             for problem in plan.problems:
                 os.write(fds[2], ("slurmbox: warning: this step would fail: %s\n" % problem).encode())
@@ -261,7 +263,31 @@ class Supervisor:
             task.spec, task.proc = spec, proc
             self.task = task
             task.start_preemption_watch(self.args.partition)
+            task.start_periodic()
+        self._start_wall_limit(prefix, fds[2])
         self._relay(conn, proc, prefix, kill_args, relay, task)
+
+    def _start_wall_limit(self, prefix, stderr_fd):
+        """Kill the whole sandbox once the profile's ``wall_limit_s`` has passed (first task starts it)."""
+        limit = getattr(self.profile, "wall_limit_s", 0)
+        with self.lock:
+            if not limit or getattr(self, "wall_timer", None) is not None:
+                return
+            stderr_fd = os.dup(stderr_fd)  # the task's own fd closes when its launcher's connection ends
+            message = ("slurmbox: error: the sandbox profile's wall limit of %d s was reached; killing the step's "
+                       "sandbox\n" % limit).encode()
+
+            def expire():
+                try:
+                    os.write(stderr_fd, message)
+                except OSError:
+                    pass
+                print(message.decode().strip(), file=sys.stderr)  # the step's slurmbox log
+                subprocess.run(prefix + ["kill", "--all", self.container_id, "KILL"], capture_output=True, check=False)
+
+            self.wall_timer = threading.Timer(limit, expire)
+            self.wall_timer.daemon = True
+            self.wall_timer.start()
 
     def _record_once(self, request, plan, spec, prefix):
         """Write the sandbox's record for `slurmbox sandbox ls/inspect` (first task only)."""
@@ -479,8 +505,8 @@ class Supervisor:
             status = {"exit": EXIT_SANDBOX_FAILED}
         else:
             status = decode_status(returncode)
-            if task is not None:
-                task.forget_checkpoints()  # the program ended on its own: its checkpoints are history
+            if task is not None and "exit" in status:
+                task.forget_checkpoints()  # the program exited on its own: its checkpoints are history
         try:
             send_frame(conn, status)
         except OSError:
@@ -546,6 +572,8 @@ class Supervisor:
 
     def teardown(self):
         """Delete the sandbox and the step's bundle; idempotent."""
+        if getattr(self, "wall_timer", None) is not None:
+            self.wall_timer.cancel()
         for broker in self.brokers:
             broker.stop()
         if self.holder_input is not None:

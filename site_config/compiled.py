@@ -20,7 +20,15 @@ class Profile:
     """A sandbox profile: default ``network`` mode, ``allowed_networks``,
     ``allowed_mount_sources`` (host path prefixes; empty = any the user can
     reach), ``allow_custom_image``, runsc ``platform`` ("auto": systrap where
-    available, else ptrace) and extra ``runsc_flags``."""
+    available, else ptrace) and extra ``runsc_flags``.
+
+    Limits (0 = none), applied by the supervisor: ``memory_limit_mb`` (MB, the
+    cgroup of the whole sandbox: gVisor's kernel and the tasks; over it the
+    sandbox is killed), ``pids_limit`` (host threads and processes of the
+    sandbox: the sentry's and the platform's, about three per task with
+    ptrace, not the tasks inside; over it the sandbox fails) and
+    ``wall_limit_s`` (seconds from the step's first task; then the sandbox is
+    killed with a message on the task's stderr)."""
 
     network: str = "none"
     allowed_networks: tuple = ("none", "sandbox", "host")
