@@ -1,0 +1,292 @@
+"""Checkpoint/restore benchmark: throughput against plain file I/O, and preemption downtime.
+
+Part 1 (no Slurm): a sandbox (runsc, same global flags slurmbox uses) holds
+64, 256 and 1024 MB of touched, incompressible memory (Python
+``random.randbytes``). For each size, interleaved with a plain sequential
+write and read of the same number of bytes to the same file system:
+
+- checkpoint = ``runsc checkpoint`` into a slurmbox CheckpointStore + publish
+  (sha256 and fsync of every file, manifest, atomic rename);
+- restore = verify (sha256 against the manifest) + ``runsc restore --detach``
+  until the sandbox runs, with the image evicted from the page cache first
+  (posix_fadvise DONTNEED), as on a node that did not write it;
+- plain write = write + fsync of the same bytes; plain read = cold read of them.
+
+Printed as MB/s and as ratios (goal: checkpoint >= 0.70 of plain write;
+restore no slower than checkpoint).
+
+Part 2 (dev cluster, skipped with ``--no-cluster``): the time from a Slurm
+preemption (a higher-priority job submitted) and from ``slurmbox migrate``
+until the sandboxed job runs again on the other node and prints again.
+
+    python benchmarks/checkpoint_throughput.py --sizes 64 256 1024 --runs 3
+"""
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HOLDER = ("import random, sys, time\n"
+          "data = random.randbytes(int(sys.argv[1]) << 20)\n"
+          "print('ready', flush=True)\n"
+          "time.sleep(3600)\n")
+
+
+def runsc_prefix(state):
+    from slurmbox.sandbox import runsc
+
+    binary = runsc.find_runsc()
+    caps = runsc.capabilities(binary, state)
+    return runsc.global_args(binary, os.path.join(state, "runsc"), runsc.choose_platform("auto", caps), "none")
+
+
+def write_bundle(directory, megabytes):
+    spec = {"ociVersion": "1.0.0",
+            "process": {"terminal": False, "user": {"uid": 65534, "gid": 65534},
+                        "args": ["/usr/bin/python3", "-c", HOLDER, str(megabytes)],
+                        "env": ["PATH=/usr/bin:/bin"], "cwd": "/"},
+            "root": {"path": "/", "readonly": True}, "hostname": "bench",
+            "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"},
+                       {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs"}],
+            "linux": {"namespaces": [{"type": "pid"}, {"type": "mount"}, {"type": "ipc"}, {"type": "uts"},
+                                     {"type": "network"}]}}
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, "config.json"), "w") as handle:
+        json.dump(spec, handle)
+    return spec
+
+
+def evict(path):
+    """Drop ``path``'s pages from the page cache (posix_fadvise(2) POSIX_FADV_DONTNEED)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def plain_write(path, nbytes, chunk):
+    start = time.perf_counter()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        left = nbytes
+        while left:
+            left -= os.write(fd, chunk[:min(left, len(chunk))])
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return time.perf_counter() - start
+
+
+def plain_read(path):
+    evict(path)
+    start = time.perf_counter()
+    with open(path, "rb", buffering=0) as handle:
+        while handle.read(1 << 20):
+            pass
+    return time.perf_counter() - start
+
+
+def one_sandbox(prefix, work, store, megabytes, index):
+    """(checkpoint s, runsc part s, restore s, verify part s, image bytes) for one sandbox."""
+    from slurmbox.migrate.runsc_checkpoint import checkpoint_sandbox
+
+    bundle = os.path.join(work, "bundle-%d" % megabytes)
+    spec = write_bundle(bundle, megabytes)
+    cid = "bench-%d-%d-%d" % (os.getpid(), megabytes, index)
+    proc = subprocess.Popen(prefix + ["run", "--bundle", bundle, cid], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, stdin=subprocess.PIPE)
+    try:
+        if proc.stdout.readline().strip() != b"ready":
+            raise RuntimeError("the benchmark sandbox did not start: %s" % proc.stderr.read().decode()[-500:])
+        pending = store.begin("bench", "s%d" % megabytes, 0)
+        start = time.perf_counter()
+        ckpt, runsc_s = checkpoint_sandbox(prefix, cid, pending, {"node": "bench", "reason": "benchmark"}, spec)
+        checkpoint_s = time.perf_counter() - start
+        proc.wait(timeout=60)
+        subprocess.run(prefix + ["delete", "--force", cid], capture_output=True)
+        image = sum(f["size"] for f in ckpt.manifest["files"])
+        for entry in ckpt.manifest["files"]:
+            evict(os.path.join(ckpt.path, entry["name"]))
+        start = time.perf_counter()
+        verdict = store.verify(ckpt)
+        verify_s = time.perf_counter() - start
+        if not verdict.valid:
+            raise RuntimeError("benchmark checkpoint does not verify: %s" % verdict.problems)
+        # Detached: runsc returns once the sandbox runs. Its stdio goes to a file of ours (never
+        # /dev/null, which runsc would re-own; never a pipe, which the sandbox would keep open).
+        with open(os.path.join(work, "restore-%d.log" % megabytes), "w+") as log:
+            restored = subprocess.run(prefix + ["restore", "--detach", "--image-path", ckpt.path, "--bundle", bundle,
+                                                cid], stdin=log, stdout=log,
+                                      stderr=log)
+            restore_s = time.perf_counter() - start
+            log.seek(0)
+            if restored.returncode != 0:
+                raise RuntimeError("runsc restore failed: %s" % log.read()[-500:])
+        return checkpoint_s, runsc_s, restore_s, verify_s, image
+    finally:
+        subprocess.run(prefix + ["kill", cid, "KILL"], capture_output=True)
+        subprocess.run(prefix + ["delete", "--force", cid], capture_output=True)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        store.remove_step("bench", "s%d" % megabytes)
+
+
+def throughput(sizes, runs, directory):
+    from slurmbox.migrate.store import CheckpointStore
+
+    work = tempfile.mkdtemp(prefix="sbx-ckpt-bench-", dir=directory)
+    try:
+        store = CheckpointStore(os.path.join(work, "store"), keep_last=1)
+        prefix = runsc_prefix(os.path.join(work, "state"))
+        chunk = os.urandom(8 << 20)
+        rows = []
+        for megabytes in sizes:
+            samples = {k: [] for k in ("ckpt", "runsc", "restore", "verify", "write", "read", "image")}
+            for index in range(runs):
+                ckpt_s, runsc_s, restore_s, verify_s, image = one_sandbox(prefix, work, store, megabytes, index)
+                plain = os.path.join(work, "plain.bin")
+                write_s = plain_write(plain, megabytes << 20, chunk)
+                read_s = plain_read(plain)
+                os.unlink(plain)
+                for key, value in (("ckpt", ckpt_s), ("runsc", runsc_s), ("restore", restore_s), ("verify", verify_s),
+                                   ("write", write_s), ("read", read_s), ("image", image)):
+                    samples[key].append(value)
+            med = {k: statistics.median(v) for k, v in samples.items()}
+            mb = float(megabytes)
+            rows.append({"MB": megabytes, "image_MB": med["image"] / 1e6,
+                         "checkpoint_s": med["ckpt"], "runsc_checkpoint_s": med["runsc"],
+                         "restore_s": med["restore"], "verify_s": med["verify"],
+                         "plain_write_s": med["write"], "plain_read_s": med["read"],
+                         "checkpoint_MBps": mb / med["ckpt"], "restore_MBps": mb / med["restore"],
+                         "plain_write_MBps": mb / med["write"], "plain_read_MBps": mb / med["read"],
+                         "checkpoint_vs_write": med["write"] / med["ckpt"],
+                         "restore_vs_read": med["read"] / med["restore"],
+                         "restore_vs_checkpoint": med["ckpt"] / med["restore"]})
+            print("%5d MB (image %.0f MB): checkpoint %.2f s (runsc %.2f) = %.0f MB/s, plain write %.2f s = %.0f MB/s, "
+                  "ratio %.2f | restore %.2f s (verify %.2f) = %.0f MB/s, plain read %.2f s = %.0f MB/s, ratio %.2f | "
+                  "restore/checkpoint speed %.2f"
+                  % (megabytes, med["image"] / 1e6, med["ckpt"], med["runsc"], mb / med["ckpt"], med["write"],
+                     mb / med["write"], med["write"] / med["ckpt"], med["restore"], med["verify"], mb / med["restore"],
+                     med["read"], mb / med["read"], med["read"] / med["restore"], med["ckpt"] / med["restore"]),
+                  flush=True)
+        return rows
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def downtime(slurm_conf, runs):
+    """Seconds from preemption / migrate until the job runs (and prints) again, median over ``runs``."""
+    from slurmbox.slurm_client import scontrol
+
+    env = dict(os.environ, SLURM_CONF=slurm_conf)
+    user = "sbxuser"
+    home = os.path.expanduser("~%s" % user)
+    work = tempfile.mkdtemp(prefix="sbx-bench-", dir=home)
+    subprocess.run(["chown", user, work], check=True)
+    script = os.path.join(work, "count.sh")
+    with open(script, "w") as handle:
+        handle.write("#!/bin/sh\n#SBATCH --sandbox\n#SBATCH -p spot -N1 -n1 --requeue --open-mode=append\n"
+                     "i=0\nwhile :; do i=$((i+1)); echo \"$i\"; sleep 0.05; done\n")
+    os.chmod(script, 0o755)
+
+    def as_user(*cmd):
+        return subprocess.run(["runuser", "-u", user, "--", "env", "SLURM_CONF=%s" % slurm_conf] + list(cmd),
+                              capture_output=True, text=True, cwd=work, check=True).stdout.strip()
+
+    def state(job):
+        record = scontrol.show_job(job, env=env)
+        return record.get("JobState"), record.get("NodeList")
+
+    def wait(predicate, timeout=300):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = predicate()
+            if value:
+                return value
+            time.sleep(0.05)
+        raise RuntimeError("timed out")
+
+    def count(path):
+        try:
+            with open(path) as handle:
+                return handle.read().count("\n")
+        except OSError:
+            return 0
+
+    results = {"preemption": [], "migrate": []}
+    try:
+        for _ in range(runs):
+            for how in ("preemption", "migrate"):
+                out = os.path.join(work, "%s.out" % how)
+                job = as_user("sbatch", "--parsable", "-o", out, "-e", out + ".err", script).split(";")[0]
+                node = wait(lambda: state(job)[1] if state(job)[0] == "RUNNING" else None)
+                wait(lambda: count(out) >= 20)
+                start = time.monotonic()
+                if how == "preemption":
+                    blocker = as_user("sbatch", "--parsable", "-p", "ondemand", "-w", node, "--exclusive", "-o",
+                                      "/dev/null", "--wrap", "sleep 1")
+                else:
+                    blocker = None
+                    subprocess.run(["slurmbox", "migrate", "--node", node, "--slurm-conf", slurm_conf],
+                                   capture_output=True, env=env, check=True)
+                seen = count(out)
+                wait(lambda: state(job)[0] == "RUNNING" and state(job)[1] != node)
+                running = time.monotonic() - start
+                wait(lambda: count(out) > seen + 2 and "restoring" in open(out + ".err").read())
+                printing = time.monotonic() - start
+                results[how].append((running, printing))
+                print("%s: running again on the other node after %.1f s, printing after %.1f s"
+                      % (how, running, printing), flush=True)
+                subprocess.run(["scancel", job] + ([blocker] if blocker else []), env=env)
+                subprocess.run(["scontrol", "update", "NodeName=%s" % node, "State=RESUME"], env=env,
+                               capture_output=True)
+                wait(lambda: state(job)[0] not in ("RUNNING", "COMPLETING"))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return {how: {"running_again_s": statistics.median(r for r, _ in v), "printing_again_s":
+                  statistics.median(p for _, p in v)} for how, v in results.items() if v}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[64, 256, 1024], help="MB of touched memory")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--dir", default="/var/tmp", help="file system for the store and the plain file")
+    parser.add_argument("--no-cluster", action="store_true", help="skip the preemption downtime part")
+    parser.add_argument("--slurm-conf", help="use this running dev cluster (else one is started)")
+    parser.add_argument("--json", help="also write the results to this file")
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("run as root (runsc checkpoint/restore and the dev cluster need it)")
+    results = {"throughput": throughput(args.sizes, args.runs, args.dir)}
+    if not args.no_cluster:
+        cluster = None
+        conf = args.slurm_conf
+        if not conf:
+            from slurmbox.dev_cluster.cluster import DevCluster
+            directory = tempfile.mkdtemp(prefix="sbxbench-", dir="/tmp")
+            os.rmdir(directory)
+            cluster = DevCluster(directory, nodes=2, gpus_per_node=0, subnet=12)
+            conf = cluster.up()
+        try:
+            results["downtime"] = downtime(conf, args.runs)
+            print(json.dumps(results["downtime"], indent=1))
+        finally:
+            if cluster:
+                cluster.down()
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(results, handle, indent=1)
+
+
+if __name__ == "__main__":
+    main()
