@@ -67,16 +67,24 @@ def measure():
 @click.option("--site-config", default=None, type=click.Path(dir_okay=False),
               help="Site configuration whose 'measurement' policy applies (default /etc/slurmbox/site.yaml).")
 @click.option("--fail-on-reject", is_flag=True, help="Exit with status 3 when any candidate is rejected.")
+@click.option("--mode", type=click.Choice(["local", "slurm"]), default="local", show_default=True,
+              help="local: root starts runsc sandboxes on this node; slurm: each candidate is a sandboxed "
+                   "Slurm step (srun --sandbox) of the current allocation, run as you.")
+@click.option("--srun-arg", "srun_args", multiple=True, metavar="ARG",
+              help="Extra srun option for --mode slurm (repeatable), e.g. --srun-arg=--exclusive.")
 def run_cmd(task_path, candidate_specs, out, as_json, min_samples, min_time, max_noise, max_wall, warmup,
-            harness_cpus, sandbox_cpus, no_isolation, platform, site_config, fail_on_reject):
+            harness_cpus, sandbox_cpus, no_isolation, platform, site_config, fail_on_reject, mode, srun_args):
     """Measure candidates of one task; write one HDF5 record file for the campaign.
 
-    Runs as root on the node (runsc needs it): each candidate gets its own
+    Local mode runs as root on the node (runsc needs it): each candidate gets its own
     runsc sandbox (no network, read-only root, unprivileged uid, its own
     CPUs); inputs come from a secret seed, fresh per sample; the reference
     runs in a separate trusted process; the harness's clock times a
     request/response handshake and the sandbox's cgroup CPU time is
-    cross-checked. Exit status 0 when the campaign was measured (rejected
+    cross-checked. Slurm mode runs as the job's user inside an allocation:
+    each candidate is a sandboxed step (srun --sandbox) whose stdin/stdout
+    carry the channel; it has no cgroup CPU cross-check and relies on Slurm
+    for CPU placement (see slurmbox/measure/slurm_step.py). Exit status 0 when the campaign was measured (rejected
     candidates included, unless --fail-on-reject), 1 on a harness error.
 
     \b
@@ -84,24 +92,30 @@ def run_cmd(task_path, candidate_specs, out, as_json, min_samples, min_time, max
       slurmbox measure run --task tests/data/measure/matmul_task.py \\
           --candidate honest=tests/data/measure/honest.py --out campaign.h5
       slurmbox measure run --task t.py --candidate a.py --candidate b.py --sandbox-cpus 2-3 --json
-      srun -N1 --exclusive slurmbox measure run --task t.py --candidate a.py   (as root, see README)
+      salloc -N1 --exclusive slurmbox measure run --mode slurm --task t.py --candidate a.py
     """
     from slurmbox.measure import campaign as campaign_mod, policy, report, stats
     from slurmbox.measure.harness import MeasureOptions
 
     candidates = _candidates(candidate_specs)
-    if os.geteuid() != 0:
+    if mode == "local" and os.geteuid() != 0:
         raise click.ClickException("slurmbox measure run needs root on this node (it starts runsc sandboxes and "
                                    "cgroups); run it with sudo or as a root-run Slurm prolog/step")
     rule = stats.StoppingRule(min_samples=min_samples, min_time=min_time, max_noise=max_noise, max_wall=max_wall,
                               warmup_samples=warmup)
-    options = MeasureOptions(rule=rule, isolation=not no_isolation, harness_cpus=_cpus(harness_cpus),
-                             sandbox_cpus=_cpus(sandbox_cpus), platform=platform)
+    options = MeasureOptions(rule=rule, isolation=not no_isolation and mode == "local",
+                             harness_cpus=_cpus(harness_cpus), sandbox_cpus=_cpus(sandbox_cpus), platform=platform,
+                             sandbox="runsc" if mode == "local" else "slurm", srun_args=tuple(srun_args))
     if out is None:
         stem = os.path.splitext(os.path.basename(task_path))[0]
         out = "measure-%s-%s.h5" % (stem, time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()))
     try:
-        measurement_policy = policy.load(site_config)
+        try:
+            measurement_policy = policy.load(site_config)
+        except OSError:
+            if mode == "local":
+                raise
+            measurement_policy = {}  # Slurm mode as a user: Slurm places the step, not this policy
         result = campaign_mod.run_campaign(task_path, candidates, options, out=out,
                                            measurement_policy=measurement_policy)
     except Exception as err:  # every harness-side failure becomes one message, no traceback

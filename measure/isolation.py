@@ -151,6 +151,18 @@ class CpuAccount:
             self._fd = None
 
 
+class NullAccount:
+    """CPU accounting that is not available (Slurm mode without a known step cgroup): reads None."""
+
+    cgroups_path = None
+
+    def read(self):
+        return None
+
+    def close(self):
+        pass
+
+
 def create_cgroup(cgroups_path, cpus):
     """Create ``cgroups_path`` restricted to ``cpus`` (for an unsandboxed baseline run). Raises IsolationError."""
     prepare_parent()

@@ -140,3 +140,52 @@ def recv_arrays(sock, header, max_bytes):
         offset += nbytes
         out.append((str(entry.get("name", "")), array))
     return out
+
+
+class PipeChannel:
+    """A socket-like channel over a pair of pipe file descriptors (Slurm mode: the step's
+    stdin/stdout). Offers the calls this module and the harness use: ``recv_into``,
+    ``sendall``, ``settimeout``, ``pending`` and ``close``. ``read_fd``/``write_fd``: ints."""
+
+    def __init__(self, read_fd, write_fd):
+        self.read_fd, self.write_fd = read_fd, write_fd
+        self.timeout = None
+
+    def settimeout(self, timeout):
+        self.timeout = timeout
+
+    def _wait(self, fd, readable):
+        import select
+        import socket
+        if self.timeout is None:
+            return
+        ready = select.select([fd] if readable else [], [] if readable else [fd], [], self.timeout)
+        if not any(ready[:2]):
+            raise socket.timeout("timed out")
+
+    def recv_into(self, view, size):
+        import os
+        self._wait(self.read_fd, True)
+        data = os.read(self.read_fd, size)
+        view[:len(data)] = data
+        return len(data)
+
+    def sendall(self, data):
+        import os
+        view = memoryview(data).cast("B")
+        while len(view):
+            self._wait(self.write_fd, False)
+            view = view[os.write(self.write_fd, view):]
+
+    def pending(self):
+        """True when bytes (or end of stream) wait to be read."""
+        import select
+        return bool(select.select([self.read_fd], [], [], 0)[0])
+
+    def close(self):
+        import os
+        for fd in {self.read_fd, self.write_fd}:
+            try:
+                os.close(fd)
+            except OSError:
+                pass

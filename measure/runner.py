@@ -1,4 +1,6 @@
-"""Candidate-side glue, run INSIDE the sandbox: ``python3 -I runner.py CANDIDATE.py SOCKET``.
+"""Candidate-side glue, run INSIDE the sandbox: ``python3 -I runner.py CANDIDATE.py SOCKET``
+(local mode) or ``python3 -I runner.py --stdio CANDIDATE.py`` (Slurm mode: the channel is
+the step's stdin/stdout, moved off fd 0/1 before the candidate is imported).
 
 It imports the candidate module (entry point ``run(**inputs) -> ndarray``),
 listens on the unix socket ``SOCKET`` (a private directory bound into the
@@ -111,13 +113,29 @@ def serve(entry, conn, gpu=None):
             protocol.send(conn, {"op": "error", "id": header.get("id"), "error": str(err)})
 
 
+def stdio_channel():
+    """Slurm mode: take the step's stdin/stdout as the channel and give the candidate
+    /dev/null as stdin and stderr as stdout, so its prints never enter the channel."""
+    read_fd, write_fd = os.dup(0), os.dup(1)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return protocol.PipeChannel(read_fd, write_fd)
+
+
 def main(argv):
-    candidate_path, socket_path = argv[1], argv[2]
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(socket_path)
-    listener.listen(1)
-    conn, _ = listener.accept()
-    listener.close()
+    if argv[1] == "--stdio":
+        candidate_path = argv[2]
+        conn = stdio_channel()
+    else:
+        candidate_path, socket_path = argv[1], argv[2]
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(socket_path)
+        listener.listen(1)
+        conn, _ = listener.accept()
+        listener.close()
     try:
         gpu = _Gpu() if GPU else None
         entry = load_candidate(candidate_path)
