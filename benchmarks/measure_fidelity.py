@@ -69,8 +69,10 @@ def line(name, result):
     on_cpu = float(np.median(result.samples["cpu_ns"][timed] / result.samples["wall_ns"][timed]))
     diag = " ".join("cpu%d busy %3.0f%% steal %2.0f%%" % (c, 100 * d["busy"], 100 * d["steal"])
                     for c, d in sorted(result.diagnostics.items()))
-    return "  %-28s median %8.4f ms  rel sd %6.2f%%  n=%4d %-9s sandbox on-CPU %3.0f%% | %s" % (
-        name, s["median_ns"] / 1e6, 100 * s["rel_stdev"], s["count"],
+    wall = result.samples["wall_ns"][timed]
+    robust = 1.4826 * float(np.median(np.abs(wall - np.median(wall)))) / float(np.median(wall))
+    return "  %-28s median %8.4f ms  rel sd %6.2f%% (MAD %5.2f%%)  n=%4d %-9s on-CPU %3.0f%% | %s" % (
+        name, s["median_ns"] / 1e6, 100 * s["rel_stdev"], 100 * robust, s["count"],
         "converged" if result.converged else "NOT conv", 100 * on_cpu, diag)
 
 
@@ -83,6 +85,8 @@ def main(argv=None):
     if os.geteuid() != 0:
         sys.exit("measure_fidelity: run as root (runsc sandboxes and cgroups)")
     from slurmbox.measure import isolation, stats
+    from slurmbox.measure.campaign import exit_on_sigterm
+    exit_on_sigterm()
     from slurmbox.measure.candidate_sandbox import SandboxedCandidate
     from slurmbox.measure.harness import MeasureOptions
     from slurmbox.measure.policy import default_cpus

@@ -109,6 +109,7 @@ def run_cmd(task_path, candidate_specs, out, as_json, min_samples, min_time, max
     if out is None:
         stem = os.path.splitext(os.path.basename(task_path))[0]
         out = "measure-%s-%s.h5" % (stem, time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()))
+    campaign_mod.exit_on_sigterm()
     try:
         try:
             measurement_policy = policy.load(site_config)

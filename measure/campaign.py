@@ -31,6 +31,16 @@ class Campaign:
     path: str
 
 
+def exit_on_sigterm():
+    """Make SIGTERM (scancel, kill) raise SystemExit in the main thread, so every sandbox,
+    cgroup and staging directory is torn down by the harness's ``finally`` blocks."""
+    import signal
+
+    def handler(signum, frame):
+        raise SystemExit(128 + signum)
+    signal.signal(signal.SIGTERM, handler)
+
+
 def resolve_cpus(options, measurement_policy):
     """Fill ``options.harness_cpus``/``sandbox_cpus`` from the policy or the defaults; validate them.
 

@@ -205,6 +205,8 @@ class SandboxedCandidate(_Candidate):
         self.gpus = list(gpus)
         self.device_plan = None
         self.cpus = set(cpus) if cpus else None
+        if not self.cpus:
+            self.cgroups_path = "/%s/%s" % (isolation.PARENT_SHARED, self.id)
         self.platform_request = platform
         self.extra_runsc_flags = tuple(extra_runsc_flags)
         self.state_root = os.path.join(RUNTIME_DIR, "runsc")
@@ -235,7 +237,8 @@ class SandboxedCandidate(_Candidate):
             with open("/sys/fs/cgroup/cpuset/cpuset.mems" if isolation.cgroup_version() == 1
                       else "/sys/fs/cgroup/cpuset.mems.effective") as handle:
                 mems = handle.read().strip() or "0"
-            spec["linux"]["resources"]["cpu"] = {"cpus": isolation.format_cpu_list(self.cpus), "mems": mems}
+            spec["linux"]["resources"]["cpu"] = {"cpus": isolation.format_cpu_list(self.cpus), "mems": mems,
+                                                 "shares": isolation.MAX_SHARES_V1}
         return spec
 
     def start(self):
@@ -252,7 +255,7 @@ class SandboxedCandidate(_Candidate):
             raise SandboxStartError(str(err))
         except Exception as err:  # devices.DeviceError: the message says what to do
             raise SandboxStartError(str(err))
-        isolation.prepare_parent()
+        isolation.prepare_parent(self.cgroups_path.split("/")[1])
         try:
             self._stage()
             bundle_dir = os.path.join(self.workdir, "bundle")
@@ -306,6 +309,8 @@ class BareCandidate(_Candidate):
     def __init__(self, candidate_path, label, cpus=None, uid=NOBODY, gid=NOBODY, start_timeout=60.0):
         super().__init__(candidate_path, label, uid, gid, start_timeout)
         self.cpus = set(cpus) if cpus else None
+        if not self.cpus:
+            self.cgroups_path = "/%s/%s" % (isolation.PARENT_SHARED, self.id)
         self.config = {"runtime": "bare (no sandbox)", "uid": uid, "cgroups_path": self.cgroups_path,
                        "cpus": isolation.format_cpu_list(self.cpus) if self.cpus else ""}
 

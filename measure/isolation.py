@@ -13,8 +13,14 @@ pinned to other CPUs with sched_setaffinity(2).
 import os
 
 CGROUP_ROOT = "/sys/fs/cgroup"
-#: Parent cgroup of every measurement sandbox (one child per candidate run).
+#: Parent cgroup of isolated measurement sandboxes (one child per candidate run). Its CPU
+#: weight is the kernel's maximum (cpu.shares 262144, v1; cpu.weight 10000, v2) so a sandbox
+#: competing for its CPU with the node's other, unconfined processes wins most of the time.
 PARENT = "slurmbox-measure"
+#: Parent of sandboxes measured without isolation (default weight), for comparisons.
+PARENT_SHARED = "slurmbox-measure-shared"
+MAX_SHARES_V1 = 262144
+MAX_WEIGHT_V2 = 10000
 
 
 class IsolationError(RuntimeError):
@@ -71,17 +77,22 @@ def _write(path, value):
         handle.write(value)
 
 
-def prepare_parent():
-    """Create the parent cgroup PARENT so runsc can create children restricted to a CPU set.
+def prepare_parent(parent=PARENT):
+    """Create the parent cgroup ``parent`` so runsc can create children restricted to a CPU set.
 
     cgroup v1 cpuset children start with empty ``cpuset.cpus``/``cpuset.mems``
     unless the parent has them, so the parent gets the root's values. On v2,
-    the cpu and cpuset controllers are enabled for the children. Returns the
-    cgroupsPath prefix ("/slurmbox-measure"). Raises IsolationError.
+    the cpu and cpuset controllers are enabled for the children. PARENT gets
+    the maximum CPU weight (see its comment). Returns the cgroupsPath prefix
+    ("/" + parent). Raises IsolationError.
     """
+    heavy = parent == PARENT
     try:
         if cgroup_version() == 1:
-            cpuset = os.path.join(_v1_dir("cpuset"), PARENT)
+            cpu = os.path.join(_v1_dir("cpu"), parent)
+            os.makedirs(cpu, exist_ok=True)
+            _write(os.path.join(cpu, "cpu.shares"), str(MAX_SHARES_V1 if heavy else 1024))
+            cpuset = os.path.join(_v1_dir("cpuset"), parent)
             os.makedirs(cpuset, exist_ok=True)
             root = _v1_dir("cpuset")
             for name in ("cpuset.cpus", "cpuset.mems"):
@@ -90,14 +101,15 @@ def prepare_parent():
                         with open(os.path.join(root, name)) as source:
                             _write(os.path.join(cpuset, name), source.read().strip())
         else:
-            parent = os.path.join(CGROUP_ROOT, PARENT)
-            os.makedirs(parent, exist_ok=True)
+            path = os.path.join(CGROUP_ROOT, parent)
+            os.makedirs(path, exist_ok=True)
             _write(os.path.join(CGROUP_ROOT, "cgroup.subtree_control"), "+cpu +cpuset")
-            _write(os.path.join(parent, "cgroup.subtree_control"), "+cpu +cpuset")
+            _write(os.path.join(path, "cgroup.subtree_control"), "+cpu +cpuset")
+            _write(os.path.join(path, "cpu.weight"), str(MAX_WEIGHT_V2 if heavy else 100))
     except OSError as err:
         raise IsolationError("cannot prepare cgroup %s (%s); slurmbox measure needs root and a writable "
-                             "cgroup hierarchy" % (PARENT, err))
-    return "/" + PARENT
+                             "cgroup hierarchy" % (parent, err))
+    return "/" + parent
 
 
 def validate_cpus(cpus, what):
@@ -165,15 +177,18 @@ class NullAccount:
 
 def create_cgroup(cgroups_path, cpus):
     """Create ``cgroups_path`` restricted to ``cpus`` (for an unsandboxed baseline run). Raises IsolationError."""
-    prepare_parent()
     relative = cgroups_path.lstrip("/")
+    parent = relative.split("/")[0]
+    prepare_parent(parent)
     try:
         if cgroup_version() == 1:
-            for controller in ("cpuset", "cpuacct"):
+            for controller in ("cpuset", "cpuacct", "cpu"):
                 os.makedirs(os.path.join(_v1_dir(controller), relative), exist_ok=True)
+            _write(os.path.join(_v1_dir("cpu"), relative, "cpu.shares"),
+                   str(MAX_SHARES_V1 if parent == PARENT else 1024))
             cpuset = os.path.join(_v1_dir("cpuset"), relative)
             _write(os.path.join(cpuset, "cpuset.cpus"), format_cpu_list(cpus))
-            with open(os.path.join(_v1_dir("cpuset"), PARENT, "cpuset.mems")) as handle:
+            with open(os.path.join(_v1_dir("cpuset"), parent, "cpuset.mems")) as handle:
                 _write(os.path.join(cpuset, "cpuset.mems"), handle.read().strip())
         else:
             path = os.path.join(CGROUP_ROOT, relative)
@@ -186,7 +201,7 @@ def create_cgroup(cgroups_path, cpus):
 def attach(cgroups_path, pid):
     """Move process ``pid`` into ``cgroups_path`` (created by create_cgroup)."""
     relative = cgroups_path.lstrip("/")
-    dirs = [os.path.join(_v1_dir(c), relative) for c in ("cpuset", "cpuacct")] if cgroup_version() == 1 \
+    dirs = [os.path.join(_v1_dir(c), relative) for c in ("cpuset", "cpuacct", "cpu")] if cgroup_version() == 1 \
         else [os.path.join(CGROUP_ROOT, relative)]
     for directory in dirs:
         _write(os.path.join(directory, "cgroup.procs"), str(pid))
@@ -218,7 +233,7 @@ def kill_all(cgroups_path):
 def remove_cgroup(cgroups_path):
     """Remove ``cgroups_path`` from every hierarchy where it exists and is empty (best effort)."""
     relative = cgroups_path.lstrip("/")
-    if not relative.startswith(PARENT + "/"):
+    if not (relative.startswith(PARENT + "/") or relative.startswith(PARENT_SHARED + "/")):
         return
     if cgroup_version() == 1:
         dirs = [os.path.join(CGROUP_ROOT, c, relative) for c in os.listdir(CGROUP_ROOT)]
