@@ -369,3 +369,27 @@ def test_sandbox_hints_ignore_a_file_others_can_write(tmp_path, capsys):
     site, target = _site(tmp_path, mode=0o666)
     assert sandbox_hints.for_step(site, "n1", {}) == ([], {})
     assert "ignoring %s" % target in capsys.readouterr().err
+
+
+# -- hostlist compression -----------------------------------------------------------------------
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+from slurmbox.topology import hostlists  # noqa: E402
+
+_names = st.builds(lambda prefix, number, pad: "%s%0*d" % (prefix, pad, number),
+                   st.sampled_from(["n", "gpu", "r1n", "tara-c-", "sw.1.", "x"]),
+                   st.integers(min_value=0, max_value=300), st.integers(min_value=0, max_value=4))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(_names, st.sampled_from(["login", "master", "dgx-a"])), min_size=1, max_size=40))
+def test_compress_expands_back_to_the_same_names(names):
+    text = hostlists.compress(names)
+    assert sorted(hostlists.expand(text)) == sorted(set(names))
+    assert hostlists.compress(reversed(names)) == text  # order of input does not matter
+
+
+def test_compress_examples():
+    assert hostlists.compress(["gpu%05d" % i for i in range(1, 16385)]) == "gpu[00001-16384]"
+    assert hostlists.compress(["n9", "n10", "n1"]) == "n[1,9-10]"
+    assert hostlists.compress(["switch.1.9", "switch.1.10"]) == "switch.1.[9-10]"

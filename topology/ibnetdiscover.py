@@ -25,11 +25,12 @@ The host of a CA is the first word of its NodeDescription ("r-ufm101 HCA-1" ->
 import re
 import subprocess
 
-from .model import Fabric, FabricNode, Link, TopologyError
+from .model import Fabric, FabricNode, Link, TopologyError, no_gc
 
-_DEFAULT_DESC = re.compile(r"^(MT\d+\b|.*Mellanox Technologies|.*InfiniHost|.*ConnectX|.*Voltaire)")
+_DEFAULT_MARKERS = ("Mellanox Technologies", "InfiniHost", "ConnectX", "Voltaire")
 _SPEED = re.compile(r"^(\d+)x([A-Z]+\d*)$")
 _BLANK_OR_COMMENT = frozenset(("", "#", " ", "\t", "\n", "\r"))
+_ATTRIBUTES = ("vendid=", "devid=", "sysimgguid=", "switchguid=", "caguid=", "routerguid=")
 _KINDS = {"Switch": "switch", "Ca": "ca", "Rt": "router"}
 
 
@@ -44,8 +45,11 @@ def host_from_description(description):
     "compute-00-01 HCA-1" -> "compute-00-01"; "MT23108 InfiniHost Mellanox Technologies" -> None.
     """
     description = description.strip()
-    if not description or _DEFAULT_DESC.match(description):
+    if not description or (description[:2] == "MT" and description[2:3].isdigit()):
         return None
+    for marker in _DEFAULT_MARKERS:
+        if marker in description:
+            return None
     return description.split()[0]
 
 
@@ -59,10 +63,16 @@ def parse(text, name="ibnetdiscover"):
 
 def parse_lines(lines, name="ibnetdiscover"):
     """Parse an iterable of ibnetdiscover lines (see :func:`parse`)."""
+    with no_gc():
+        return _parse_lines(lines, name)
+
+
+def _parse_lines(lines, name):
     fabric = Fabric(name, "InfiniBand")
     nodes = fabric.nodes
     links = fabric.links
     seen = {}
+    speeds = {}  # last word of a port line ("4xNDR") -> (width, speed)
     mismatched = 0
     current = None
     skipped = 0
@@ -73,34 +83,38 @@ def parse_lines(lines, name="ibnetdiscover"):
             if current is None:
                 skipped += 1
                 continue
-            parts = line.split('"')
-            if len(parts) < 3:
-                skipped += 1
-                continue
-            head = parts[0]
-            local_port = head[1:head.index("]")]
-            remote = parts[1]
-            tail = parts[2]
-            end = tail.find("]")
-            remote_port = tail[tail.index("[") + 1:end] if end > 0 else "0"
-            key = current + "\0" + local_port
-            words = parts[-1].split()
-            width = speed = None
-            if words:
-                match = _SPEED.match(words[-1])
-                if match:
-                    width, speed = match.group(1) + "x", match.group(2)
+            end = line.find("]")
+            key = current + "\0" + line[1:end]
+            last = line[line.rfind(" ") + 1:]
+            width_speed = speeds.get(last)
+            if width_speed is None:
+                found = _SPEED.match(last.strip())
+                width_speed = speeds[last] = (found.group(1) + "x", found.group(2)) if found else (None, None)
+            width, speed = width_speed
+            # Each cable is printed from both ends: the second sighting needs no more parsing.
             known = seen.get(key)
-            if known is not None:
+            if known is None:
+                parts = line.split('"', 2)
+                if len(parts) < 3 or parts[2][:1] != "[":
+                    skipped += 1
+                    continue
+                remote, tail = parts[1], parts[2]
+                remote_port = tail[1:tail.find("]")]
+                try:
+                    link = Link(current, int(line[1:end]), remote, int(remote_port), width, speed)
+                except ValueError:
+                    skipped += 1
+                    continue
+                seen[remote + "\0" + remote_port] = link
+                links.append(link)
+            else:
                 if (known.width, known.speed) != (width, speed):
                     # The two ends disagree: keep the slower reading (the link runs at it).
                     mismatched += 1
                     if _slower(width, speed, known):
                         known.width, known.speed = width, speed
-                continue
-            link = Link(current, int(local_port), remote, int(remote_port), width, speed)
-            seen[remote + "\0" + remote_port] = link
-            links.append(link)
+        elif line.startswith(_ATTRIBUTES):
+            continue
         elif first in _BLANK_OR_COMMENT:
             if line.strip() == "":
                 current = None
@@ -128,9 +142,6 @@ def parse_lines(lines, name="ibnetdiscover"):
             nodes[ident] = FabricNode(ident, kind, description, int(words[1]), host, lid, guid)
             current = ident
         elif line.startswith(("Non-Chassis Nodes", "Chassis ")):
-            continue
-        elif "=" in line and line.split("=", 1)[0] in ("vendid", "devid", "sysimgguid", "switchguid",
-                                                         "caguid", "routerguid"):
             continue
         else:
             skipped += 1

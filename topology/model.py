@@ -20,6 +20,8 @@ Terms follow the field's usage:
   (between host bridges of one NUMA node), ``SYS`` (across NUMA nodes: QPI/UPI/xGMI).
 """
 
+import contextlib
+import gc
 import re
 from collections import deque
 
@@ -33,9 +35,25 @@ PCI_LEVELS = ("PIX", "PXB", "PHB", "NODE", "SYS")
 _NV_RE = re.compile(r"^NV(\d+)$")
 
 
+@contextlib.contextmanager
+def no_gc():
+    """Pause the cyclic garbage collector while building many objects at once (a large
+    fabric makes ~100,000; the collector would rescan them repeatedly). The objects hold
+    no reference cycles; the previous state is restored."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def natural_key(name):
     """Sort key that orders embedded numbers by value ("s9" before "s10")."""
-    return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", name)]
+    key = [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", name)]
+    key.append((2, 0, name))  # "n1" and "n01" tie on numbers: the text decides, so order is total
+    return key
 
 
 class TopologyError(ValueError):
@@ -218,27 +236,20 @@ class Fabric:
 
     def _adjacency(self):
         """(switch -> set of neighbour switches, switch -> set of hosts cabled to it)."""
-        kinds = {ident: node.kind for ident, node in self.nodes.items()}
-        sw_adj, host_adj = {}, {}
-        for ident, kind in kinds.items():
-            if kind == "switch":
-                sw_adj[ident] = set()
+        sw_adj = {ident: set() for ident, node in self.nodes.items() if node.kind == "switch"}
+        ca_host = {ident: node.host for ident, node in self.nodes.items() if node.kind == "ca" and node.host}
+        host_adj = {}
         for link in self.links:
             a, b = link.a, link.b
-            if a == b:
-                continue
-            ka, kb = kinds.get(a), kinds.get(b)
-            if ka == "switch" and kb == "switch":
-                sw_adj[a].add(b)
-                sw_adj[b].add(a)
-            elif ka == "switch" and kb == "ca":
-                host = self.nodes[b].host
-                if host:
-                    host_adj.setdefault(a, set()).add(host)
-            elif kb == "switch" and ka == "ca":
-                host = self.nodes[a].host
-                if host:
-                    host_adj.setdefault(b, set()).add(host)
+            if a in sw_adj:
+                if b in sw_adj:
+                    if a != b:
+                        sw_adj[a].add(b)
+                        sw_adj[b].add(a)
+                elif b in ca_host:
+                    host_adj.setdefault(a, set()).add(ca_host[b])
+            elif b in sw_adj and a in ca_host:
+                host_adj.setdefault(b, set()).add(ca_host[a])
         return sw_adj, host_adj
 
     def tiers(self):
@@ -262,6 +273,8 @@ class Fabric:
         tier = _tiers(sw_adj, host_adj)
         trees, seen = [], set()
         ordered = sorted(tier, key=lambda s: (-tier[s], -len(sw_adj[s]), s))
+        # Lower tiers first, then idents: one precomputed rank instead of a key per visit.
+        rank = {sw: i for i, sw in enumerate(sorted(sw_adj, key=lambda s: (tier.get(s, 0), s)))}
         for start in ordered:
             if start in seen:
                 continue
@@ -273,7 +286,7 @@ class Fabric:
             while queue:
                 sw = queue.popleft()
                 order.append(sw)
-                for nb in sorted(sw_adj[sw], key=lambda s: (tier.get(s, 0), s)):
+                for nb in sorted(sw_adj[sw], key=rank.__getitem__):
                     if nb not in seen:
                         seen.add(nb)
                         children.setdefault(sw, []).append(nb)
