@@ -74,7 +74,17 @@ def build_topology(kwargs, need_source=True):
         node, notes = local.collect_local(host)
         for note in notes:
             click.echo("slurmbox: note: %s" % note, err=True)
+        from slurmbox.topology import ibstat
+        from slurmbox.topology.sources import merge_nics
+        existing = topo.nodes.get(host)
+        if existing is not None:
+            merge_nics(node, existing.nics)
         topo.nodes[host] = node
+        # This node's HCA GUIDs name it in fabrics whose NodeDescriptions do not.
+        mapping = ibstat.guid_map(node.nics, host)
+        topo.guid_maps.update(mapping)
+        for fabric in topo.fabrics:
+            fabric.map_guids(mapping)
         for gpu, (uuid, clique) in sorted(node.fabric.items()):
             topo.add_domain_host(host, uuid, clique)
     if need_source and not (pairs or kwargs.get("local") or kwargs.get("run_ibnetdiscover")):

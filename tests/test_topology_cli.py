@@ -93,3 +93,25 @@ def test_errors_are_one_line_on_stderr(args, message):
     out = slurmbox(*args)
     assert out.returncode != 0
     assert message in out.stderr and "Traceback" not in out.stderr + out.stdout
+
+
+def _has_rdma_or_gpu():
+    return (os.path.isdir("/sys/class/infiniband") and os.listdir("/sys/class/infiniband")) or \
+        os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/kfd")
+
+
+def test_local_without_devices_says_what_is_missing():
+    if _has_rdma_or_gpu():
+        pytest.skip("this machine has GPUs or RDMA devices")
+    out = slurmbox("show", "--local")
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert "nothing found on this node" in out.stderr and "no NVIDIA GPUs" in out.stderr
+    assert "no RDMA devices" in out.stderr
+
+
+def test_run_ibnetdiscover_without_hca_fails_cleanly():
+    if _has_rdma_or_gpu():
+        pytest.skip("this machine has RDMA devices")
+    out = slurmbox("generate", "--format", "tree", "--run-ibnetdiscover")
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert "ibnetdiscover" in out.stderr and ("needs a local HCA" in out.stderr or "not installed" in out.stderr)
