@@ -30,6 +30,14 @@ def _candidates(values):
     return out
 
 
+def _gpu_index(path):
+    import re
+    match = re.search(r"nvidia(\d+)$", path)
+    if not match or not os.path.exists(path):
+        raise click.BadParameter("%s is not an NVIDIA device file such as /dev/nvidia0" % path, param_hint="--gpu")
+    return int(match.group(1))
+
+
 @click.group()
 def measure():
     """Measure candidate programs inside sandboxes: timing statistics, a correctness
@@ -70,10 +78,13 @@ def measure():
 @click.option("--mode", type=click.Choice(["local", "slurm"]), default="local", show_default=True,
               help="local: root starts runsc sandboxes on this node; slurm: each candidate is a sandboxed "
                    "Slurm step (srun --sandbox) of the current allocation, run as you.")
+@click.option("--gpu", "gpu_files", multiple=True, metavar="/dev/nvidiaN",
+              help="GPU device file to pass into each sandbox (runsc --nvproxy); repeatable. Clocks are locked "
+                   "for the campaign when the site policy says clock_policy: locked.")
 @click.option("--srun-arg", "srun_args", multiple=True, metavar="ARG",
               help="Extra srun option for --mode slurm (repeatable), e.g. --srun-arg=--exclusive.")
 def run_cmd(task_path, candidate_specs, out, as_json, min_samples, min_time, max_noise, max_wall, warmup,
-            harness_cpus, sandbox_cpus, no_isolation, platform, site_config, fail_on_reject, mode, srun_args):
+            harness_cpus, sandbox_cpus, no_isolation, platform, site_config, fail_on_reject, mode, gpu_files, srun_args):
     """Measure candidates of one task; write one HDF5 record file for the campaign.
 
     Local mode runs as root on the node (runsc needs it): each candidate gets its own
@@ -105,7 +116,8 @@ def run_cmd(task_path, candidate_specs, out, as_json, min_samples, min_time, max
                               warmup_samples=warmup)
     options = MeasureOptions(rule=rule, isolation=not no_isolation and mode == "local",
                              harness_cpus=_cpus(harness_cpus), sandbox_cpus=_cpus(sandbox_cpus), platform=platform,
-                             sandbox="runsc" if mode == "local" else "slurm", srun_args=tuple(srun_args))
+                             sandbox="runsc" if mode == "local" else "slurm", srun_args=tuple(srun_args),
+                             gpus=tuple(gpu_files), gpu_indices=tuple(_gpu_index(f) for f in gpu_files))
     if out is None:
         stem = os.path.splitext(os.path.basename(task_path))[0]
         out = "measure-%s-%s.h5" % (stem, time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()))
@@ -186,3 +198,42 @@ def report_cmd(files, as_json):
         click.echo("")
     if comparison is not None:
         click.echo(report.format_comparison(comparison, files[0], files[1]))
+
+
+@measure.command("clocks")
+@click.argument("action", type=click.Choice(["lock", "reset"]))
+@click.option("--gpus", required=True, help="NVML device indices, e.g. 0 or 0-3.")
+@click.option("--mhz", type=int, default=None,
+              help="SM clock to lock (default: the site policy's locked_sm_clock_mhz; 0 = default application clock).")
+@click.option("--site-config", default=None, type=click.Path(dir_okay=False))
+def clocks_cmd(action, gpus, mhz, site_config):
+    """Lock or reset GPU SM clocks through NVML, for a root-run Slurm prolog/epilog.
+
+    Never run inside a sandbox: candidates cannot change clocks. With
+    'lock' and no --mhz, does nothing unless the site policy says
+    clock_policy: locked.
+
+    \b
+    Examples (prolog / epilog, as root):
+      slurmbox measure clocks lock --gpus "$CUDA_VISIBLE_DEVICES"
+      slurmbox measure clocks reset --gpus 0-7
+    """
+    from slurmbox.measure import gpu, policy
+
+    indices = sorted(_cpus(gpus.replace(" ", "")))
+    try:
+        if action == "reset":
+            gpu.reset_clocks(indices)
+            click.echo("reset SM clocks of GPU(s) %s" % ",".join(map(str, indices)))
+            return
+        settings = policy.load(site_config)
+        if mhz is None:
+            if settings["clock_policy"] != "locked":
+                click.echo("site policy clock_policy is %r: clocks left alone" % settings["clock_policy"])
+                return
+            mhz = int(settings["locked_sm_clock_mhz"] or 0)
+        locked = gpu.lock_clocks(indices, mhz)
+    except (RuntimeError, OSError, ValueError) as err:
+        raise click.ClickException(str(err))
+    for index, value in sorted(locked.items()):
+        click.echo("GPU %d: SM clock locked at %d MHz" % (index, value))

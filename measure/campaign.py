@@ -86,6 +86,20 @@ def run_campaign(task_path, candidates, options=None, out=None, measurement_poli
     options = resolve_cpus(options, measurement_policy)
     fp = fingerprint.collect(options.harness_cpus, options.sandbox_cpus, options.isolation,
                              site_policy.to_json(measurement_policy))
+    locked = None
+    if measurement_policy.get("clock_policy") == "locked" and options.gpu_indices:
+        from slurmbox.measure import gpu
+        locked = gpu.lock_clocks(list(options.gpu_indices), int(measurement_policy.get("locked_sm_clock_mhz") or 0))
+        fp["locked_sm_clock_mhz"] = locked
+    try:
+        return _measure_all(task, candidates, options, out, fp)
+    finally:
+        if locked:
+            from slurmbox.measure import gpu
+            gpu.reset_clocks(list(locked))
+
+
+def _measure_all(task, candidates, options, out, fp):
     with ReferenceProcess(task.path, options.harness_cpus if options.isolation else None) as reference:
         overhead = None
         if options.calibrate:

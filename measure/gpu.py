@@ -90,15 +90,27 @@ class ThrottleMonitor:
 
 
 def lock_clocks(indices, sm_mhz):
-    """Lock the SM clock of devices ``indices`` at ``sm_mhz`` (root; a prolog's job). Raises RuntimeError."""
+    """Lock the SM clock of devices ``indices`` at ``sm_mhz`` (root; a prolog's job).
+
+    ``sm_mhz`` 0 means the device's default application clock
+    (nvmlDeviceGetDefaultApplicationsClock, NVML_CLOCK_GRAPHICS). Returns
+    {index: MHz locked}. Raises RuntimeError without NVML or when the driver refuses.
+    """
     nvml, reason = _nvml()
     if nvml is None:
         raise RuntimeError("cannot lock GPU clocks: %s" % reason)
+    locked = {}
     try:
         for index in indices:
-            nvml.nvmlDeviceSetGpuLockedClocks(nvml.nvmlDeviceGetHandleByIndex(index), sm_mhz, sm_mhz)
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            mhz = sm_mhz or nvml.nvmlDeviceGetDefaultApplicationsClock(handle, nvml.NVML_CLOCK_GRAPHICS)
+            nvml.nvmlDeviceSetGpuLockedClocks(handle, mhz, mhz)
+            locked[index] = mhz
+    except Exception as err:  # pynvml.NVMLError (e.g. NoPermission: not root)
+        raise RuntimeError("cannot lock GPU clocks: %s" % err)
     finally:
         nvml.nvmlShutdown()
+    return locked
 
 
 def reset_clocks(indices):

@@ -281,3 +281,85 @@ def test_run_refuses_a_missing_candidate_file(tmp_path):
     result = CliRunner().invoke(measure, ["run", "--task", os.path.join(DATA, "matmul_task.py"),
                                           "--candidate", str(tmp_path / "nope.py")])
     assert result.exit_code == 2 and "does not exist" in result.output
+
+
+# ---- NVML interface (a fake pynvml shaped like nvidia-ml-py; values as an H100 SXM reports them) ----
+
+class _FakeNvml(types.ModuleType):
+    NVML_CLOCK_SM, NVML_CLOCK_MEM, NVML_CLOCK_GRAPHICS = 1, 2, 0
+
+    def __init__(self, throttle=0):
+        super().__init__("pynvml")
+        self.throttle = throttle
+        self.locked = {}
+        self.shutdowns = 0
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlShutdown(self):
+        self.shutdowns += 1
+
+    def nvmlDeviceGetCount(self):
+        return 1
+
+    def nvmlSystemGetDriverVersion(self):
+        return "550.54.15"
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        return ("handle", index)
+
+    def nvmlDeviceGetUUID(self, handle):
+        return "GPU-2b7c3c1e-9d7e-5a0b-8f0c-3f2f4d1e6a77"
+
+    def nvmlDeviceGetName(self, handle):
+        return "NVIDIA H100 80GB HBM3"
+
+    def nvmlDeviceGetClockInfo(self, handle, which):
+        return {1: 1980, 2: 2619}[which]
+
+    def nvmlDeviceGetEccMode(self, handle):
+        return (1, 1)
+
+    def nvmlDeviceGetMigMode(self, handle):
+        return (0, 0)
+
+    def nvmlDeviceGetPowerManagementLimit(self, handle):
+        return 700000
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, handle):
+        return self.throttle
+
+    def nvmlDeviceGetDefaultApplicationsClock(self, handle, which):
+        return 1755
+
+    def nvmlDeviceSetGpuLockedClocks(self, handle, low, high):
+        self.locked[handle[1]] = (low, high)
+
+
+def test_gpu_fingerprint_throttle_and_clock_lock_through_nvml(monkeypatch):
+    import sys
+
+    from slurmbox.measure import gpu
+    fake = _FakeNvml(throttle=0x1 | 0x40)  # idle (ignored) + sw_thermal
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    fp = gpu.fingerprint()
+    device = fp["devices"][0]
+    assert fp["present"] and device["uuid"].startswith("GPU-") and device["driver"] == "550.54.15"
+    assert device["sm_clock_mhz"] == 1980 and device["ecc"] == 1 and device["mig"] == 0
+    assert device["power_limit_w"] == 700.0
+    monitor = gpu.ThrottleMonitor((0,))
+    assert monitor.read() == 0x40 and monitor.histogram == {"sw_thermal": 1}
+    monitor.close()
+    assert gpu.lock_clocks([0], 0) == {0: 1755} and fake.locked[0] == (1755, 1755)
+
+
+def test_gpu_reports_not_present_without_nvidia_ml_py(monkeypatch):
+    import sys
+
+    from slurmbox.measure import gpu
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    assert gpu.fingerprint() == {"present": False, "reason": "nvidia-ml-py is not installed", "devices": []}
+    assert gpu.ThrottleMonitor(()).read() == 0
+    with pytest.raises(RuntimeError, match="not installed"):
+        gpu.lock_clocks([0], 1000)
