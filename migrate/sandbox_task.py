@@ -134,6 +134,29 @@ class CheckpointableTask:
 
         threading.Thread(target=watch, daemon=True).start()
 
+    def start_periodic(self):
+        """Take a checkpoint every ``settings.interval_s`` seconds (transparent mode), daemon thread.
+
+        runsc's checkpoint stops the sandbox (the 2022 build cannot keep it
+        running), so each periodic checkpoint is checkpoint + publish +
+        restore here; the program sees only a pause.
+        """
+        if self.settings.mode != "transparent" or self.settings.interval_s <= 0:
+            return
+
+        def loop():
+            while True:
+                time.sleep(self.settings.interval_s)
+                with self.lock:
+                    if self.closed:
+                        return
+                    if self.evacuation is not None:
+                        continue
+                    evacuation = self.evacuation = Evacuation("periodic")
+                self._evacuate(evacuation, requeue=False)
+
+        threading.Thread(target=loop, daemon=True).start()
+
     def _on_term(self, evacuation):
         try:
             preempted = triggers.preempted(self.sup.args.job, env=self.sup._slurm_env())
@@ -167,7 +190,7 @@ class CheckpointableTask:
         return evacuation.answer()
 
     # -- the evacuation ------------------------------------------------------------------
-    def _evacuate(self, evacuation):
+    def _evacuate(self, evacuation, requeue=True):
         job = self.sup.args.job
         if self.settings.mode == "signal":
             evacuation.signalled = True
@@ -179,6 +202,17 @@ class CheckpointableTask:
         try:
             store = self.sup.store()
             pending = store.begin(job, self.sup.args.step, self.sup.args.uid)
+        except (CheckpointError, OSError) as err:
+            if not requeue:  # periodic: nothing was stopped; try again next time
+                self.sup.say(self.err_fd, "periodic checkpoint of job %s skipped: %s" % (job, err))
+                with self.lock:
+                    self.evacuation = None
+                evacuation.finish("forwarded")
+                return
+            pending, begin_error = None, str(err)
+        try:
+            if pending is None:
+                raise CheckpointError(begin_error)
             for warning in store.warnings:
                 self.sup.say(None, warning)
             fields = {"node": self.sup.args.node, "reason": evacuation.reason, "partition": self.sup.args.partition,
@@ -189,6 +223,10 @@ class CheckpointableTask:
             evacuation.checkpoint = ckpt.path
             self.sup.say(self.err_fd, "%s: checkpointed job %s as %s (%.1f MB, runsc checkpoint %.2f s)"
                          % (evacuation.reason, job, ckpt.path, size_mb, took))
+            if not requeue:
+                self._resume_here(evacuation, ckpt, "periodic checkpoint %s taken; the program continues"
+                                  % ckpt.name)
+                return
         except CheckpointFailed as err:
             self.sup.say(self.err_fd, "%s: checkpoint of job %s failed: %s. The sandbox has stopped; the job is "
                          "requeued and restarts from its previous checkpoint, or from the beginning"
@@ -212,7 +250,8 @@ class CheckpointableTask:
                 self.sup.say(self.err_fd, evacuation.message)
                 self._release()
             elif ckpt is not None:
-                self._resume_here(evacuation, ckpt, err)
+                self._resume_here(evacuation, ckpt, "job %s could not be requeued (%s); it continues here from "
+                                  "checkpoint %s" % (job, err, ckpt.name))
             elif program_gone:
                 evacuation.finish("lost", "job %s could not be requeued (%s) and its program has stopped" % (job, err))
                 self.sup.say(self.err_fd, evacuation.message)
@@ -234,15 +273,14 @@ class CheckpointableTask:
         except OSError as err:
             self.sup.say(None, "cannot start the release helper: %s" % err)
 
-    def _resume_here(self, evacuation, ckpt, err):
+    def _resume_here(self, evacuation, ckpt, why):
         subprocess.run(self.prefix + ["delete", "--force", self.sup.container_id], capture_output=True, check=False)
         proc = subprocess.Popen(restore_argv(self.prefix, ckpt.path, self.sup.bundle_dir, self.sup.container_id),
                                 stdin=self.child_fds[0], stdout=self.child_fds[1], stderr=self.child_fds[2],
                                 close_fds=True, start_new_session=True)
         self.proc = proc
-        evacuation.finish("resumed", "job %s could not be requeued (%s); it continues here from checkpoint %s"
-                          % (self.sup.args.job, err, ckpt.name))
-        self.sup.say(self.err_fd, evacuation.message)
+        evacuation.finish("resumed", why)
+        self.sup.say(self.err_fd if evacuation.reason != "periodic" else None, evacuation.message)
 
     def after_exit(self):
         """Called when the runsc process exited: the outcome of an evacuation that stopped it, or None.

@@ -41,6 +41,8 @@ from slurmbox.sandbox.stdio_relay import StdioRelay
 #: Holder init for multi-task sandboxes: blocks reading its stdin, a pipe the
 #: supervisor holds; when the supervisor closes it (or dies) the sandbox ends.
 HOLDER_ARGV = ["/bin/sh", "-c", "read _unused || true"]
+#: Where a batch step's script appears inside its sandbox (same on every node).
+BATCH_SCRIPT_MOUNT = "/run/slurmbox-batch/slurm_script"
 #: Slurm's status for a task whose command cannot be executed (slurmstepd exits 2 after execve fails).
 EXIT_COMMAND_NOT_FOUND = 2
 
@@ -331,7 +333,12 @@ class Supervisor:
         broker.start()
         self.brokers.append(broker)
         install_root = os.path.dirname(sys.prefix)  # <prefix>/venv -> <prefix>: launcher and its python
-        mounts = [options.Mount(script, script, True), options.Mount(install_root, install_root, True),
+        # The script is bound at a fixed path, not at its spool path: a checkpoint restored on another
+        # node must find it where the sandbox had it, and runsc creates missing mount points on the host.
+        inside = script
+        if process["args"] and os.path.realpath(process["args"][0]) == os.path.realpath(script):
+            process["args"][0] = inside = BATCH_SCRIPT_MOUNT
+        mounts = [options.Mount(script, inside, True), options.Mount(install_root, install_root, True),
                   options.Mount(broker.directory, BROKER_MOUNT, False),
                   options.Mount(self.args.launcher, broker.srun, True)]  # srun's proxy over the node's srun
         process["env"] = [e for e in process["env"] if not e.startswith(("SLURMBOX_STEP_BROKER=", "SLURMBOX_SANDBOX="))]
