@@ -129,7 +129,7 @@ def main(argv=None):
         round_shifts = []
         for _ in range(args.rounds):
             quiet, _ = measure(options, "runsc", "quiet")
-            with SandboxedCandidate(NEIGHBOUR, "neighbour", cpus=neighbour_cpus):
+            with SandboxedCandidate(NEIGHBOUR, "neighbour", cpus=neighbour_cpus, priority=False):
                 noisy, _ = measure(options, "runsc", "noisy")
             round_shifts.append(noisy.summary["median_ns"] / quiet.summary["median_ns"] - 1)
             print(line("%s, quiet" % name, quiet))

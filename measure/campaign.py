@@ -37,6 +37,7 @@ def exit_on_sigterm():
     import signal
 
     def handler(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second TERM must not cut the teardown short
         raise SystemExit(128 + signum)
     signal.signal(signal.SIGTERM, handler)
 

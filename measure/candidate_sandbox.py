@@ -123,13 +123,10 @@ class _Candidate:
     def _connect(self, socket_path):
         deadline = time.monotonic() + self.start_timeout
         while True:
-            if os.path.exists(socket_path):
-                try:
-                    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                    conn.connect(socket_path)
+            if os.path.lexists(socket_path):
+                conn = self._connect_socket(socket_path)
+                if conn is not None:
                     break
-                except OSError:
-                    conn.close()
             if self.proc.poll() is not None:
                 raise SandboxStartError("the candidate exited (status %s) before opening its channel:\n%s"
                                         % (self.proc.returncode, self.logs()))
@@ -148,6 +145,36 @@ class _Candidate:
         if hello["op"] != "hello":
             raise SandboxStartError("the candidate opened with %r instead of hello" % hello["op"])
         self.conn = conn
+
+    def _connect_socket(self, socket_path):
+        """Connect to the socket the runner created, never to anything else it might have put there.
+
+        The candidate controls /channel: a symlink named ``sock`` could point the root-run
+        harness at a host socket. So the path is opened with O_PATH|O_NOFOLLOW, checked to
+        be a socket owned by the candidate's uid, and connected through /proc/self/fd/N
+        (the same inode, no second lookup). Returns the socket, or None to retry.
+        Raises SandboxStartError when the entry is something else.
+        """
+        import stat
+        try:
+            fd = os.open(socket_path, os.O_PATH | os.O_NOFOLLOW)
+        except OSError:
+            return None
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISSOCK(info.st_mode) or info.st_uid != self.uid:
+                raise SandboxStartError("the candidate put a %s owned by uid %d where its channel socket belongs; "
+                                        "refusing to connect" % ("symlink" if stat.S_ISLNK(info.st_mode)
+                                                                 else "non-socket", info.st_uid))
+            conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                conn.connect("/proc/self/fd/%d" % fd)
+            except OSError:
+                conn.close()
+                return None
+            return conn
+        finally:
+            os.close(fd)
 
     def logs(self):
         """The candidate's stdout and stderr so far (first 64 KiB of each), as one string."""
@@ -194,18 +221,21 @@ class SandboxedCandidate(_Candidate):
     """A candidate in a runsc sandbox (see module doc).
 
     ``cpus``: set of CPUs for the sandbox (None: no cpuset restriction, only
-    accounting). ``platform``: runsc platform or "auto". Use as a context
+    accounting). ``priority``: with ``cpus``, the maximum CPU weight (a
+    measured candidate); False for other sandboxes such as a benchmark's
+    neighbour. ``platform``: runsc platform or "auto". Use as a context
     manager or call start()/stop(); stop() always kills and deletes the
     container and removes its directory. Raises SandboxStartError.
     """
 
     def __init__(self, candidate_path, label, cpus=None, platform="auto", uid=NOBODY, gid=NOBODY,
-                 start_timeout=60.0, extra_runsc_flags=(), gpus=()):
+                 start_timeout=60.0, extra_runsc_flags=(), gpus=(), priority=True):
         super().__init__(candidate_path, label, uid, gid, start_timeout)
         self.gpus = list(gpus)
         self.device_plan = None
         self.cpus = set(cpus) if cpus else None
-        if not self.cpus:
+        self.priority = priority and bool(self.cpus)
+        if not self.priority:
             self.cgroups_path = "/%s/%s" % (isolation.PARENT_SHARED, self.id)
         self.platform_request = platform
         self.extra_runsc_flags = tuple(extra_runsc_flags)
@@ -237,8 +267,9 @@ class SandboxedCandidate(_Candidate):
             with open("/sys/fs/cgroup/cpuset/cpuset.mems" if isolation.cgroup_version() == 1
                       else "/sys/fs/cgroup/cpuset.mems.effective") as handle:
                 mems = handle.read().strip() or "0"
-            spec["linux"]["resources"]["cpu"] = {"cpus": isolation.format_cpu_list(self.cpus), "mems": mems,
-                                                 "shares": isolation.MAX_SHARES_V1}
+            spec["linux"]["resources"]["cpu"] = {"cpus": isolation.format_cpu_list(self.cpus), "mems": mems}
+            if self.priority:
+                spec["linux"]["resources"]["cpu"]["shares"] = isolation.MAX_SHARES_V1
         return spec
 
     def start(self):

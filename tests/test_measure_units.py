@@ -363,3 +363,19 @@ def test_gpu_reports_not_present_without_nvidia_ml_py(monkeypatch):
     assert gpu.ThrottleMonitor(()).read() == 0
     with pytest.raises(RuntimeError, match="not installed"):
         gpu.lock_clocks([0], 1000)
+
+
+def test_harness_connects_only_to_a_socket_the_candidate_uid_owns(tmp_path):
+    from slurmbox.measure.candidate_sandbox import SandboxedCandidate, SandboxStartError
+    candidate = SandboxedCandidate(os.path.join(DATA, "honest.py"), "t", uid=os.getuid(), gid=os.getgid())
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    real = str(tmp_path / "real.sock")
+    listener.bind(real)
+    listener.listen(1)
+    conn = candidate._connect_socket(real)
+    assert conn is not None
+    conn.close()
+    os.symlink(real, str(tmp_path / "sock"))
+    with pytest.raises(SandboxStartError, match="symlink"):
+        candidate._connect_socket(str(tmp_path / "sock"))
+    assert candidate._connect_socket(str(tmp_path / "absent")) is None
