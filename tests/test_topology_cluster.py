@@ -171,6 +171,15 @@ def test_sandboxed_step_sees_the_nodes_nccl_topology(topo_cluster, workdir):
         assert "file=%s" % sandbox_hints.TOPO_MOUNT in out.stdout
         assert "hca==%s" % ",".join("mlx5_%d:1" % i for i in range(8)) in out.stdout
         assert '<system version="2">' in out.stdout
+        # A sandboxed batch step (its own mounts for the srun broker come on top) sees it too.
+        output = os.path.join(workdir, "batch.out")
+        batch = cluster.run(["sbatch", "-W", "-w", "n1", "--sandbox", "-o", output, "--wrap",
+                             'echo "file=$NCCL_TOPO_FILE"; head -1 "$NCCL_TOPO_FILE"; srun true && echo srun-ok'],
+                            cwd=workdir, timeout=240)
+        assert batch.returncode == 0, batch.stderr
+        text = open(output).read()
+        assert "file=%s" % sandbox_hints.TOPO_MOUNT in text and '<system version="2">' in text, text
+        assert "srun-ok" in text, text
         # n2 has no file: its sandboxed steps get neither the mount nor the variable.
         other = cluster.srun("--sandbox", "-w", "n2", "sh", "-c", 'echo "file=${NCCL_TOPO_FILE:-none}"', cwd=workdir,
                              timeout=180)
