@@ -37,15 +37,20 @@ class Selection:
         return lines
 
 
-def select_checkpoint(store, job, step, uid):
+def select_checkpoint(store, job, step, uid, script_sha256=None):
     """The Selection for (``job``, ``step``) of user ``uid`` in ``store`` (a CheckpointStore).
 
     Verifies newest first and stops at the first valid one. Interrupted
-    checkpoints (temporary directories) are never considered.
+    checkpoints (temporary directories) are never considered. With
+    ``script_sha256`` (of this run's batch script), a checkpoint recorded for
+    another script (a job id reused after a controller reset) is skipped.
     """
     selection = Selection()
     for ckpt in store.checkpoints(job, step):
         verdict = store.verify(ckpt, uid=uid)
+        recorded = (ckpt.manifest or {}).get("batch_script_sha256")
+        if script_sha256 and recorded and recorded != script_sha256:
+            verdict.problems.append("taken of a different batch script (job id %s reused?)" % job)
         if verdict.valid:
             selection.checkpoint = ckpt
             break

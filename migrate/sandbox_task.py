@@ -217,7 +217,8 @@ class CheckpointableTask:
                 self.sup.say(None, warning)
             fields = {"node": self.sup.args.node, "reason": evacuation.reason, "partition": self.sup.args.partition,
                       "batch_script": self.sup.args.batch_script, "hostname": self.spec.get("hostname"),
-                      "runsc": runsc_description(self.prefix)}
+                      "runsc": runsc_description(self.prefix),
+                      "batch_script_sha256": self.sup.batch_script_sha256()}
             ckpt, took = checkpoint_sandbox(self.prefix, self.sup.container_id, pending, fields, self.spec)
             size_mb = sum(f["size"] for f in ckpt.manifest["files"]) / 1e6
             evacuation.checkpoint = ckpt.path

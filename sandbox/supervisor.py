@@ -434,6 +434,15 @@ class Supervisor:
                                                     self.args.step, line[len("slurmbox: "):]))
         sys.stderr.flush()
 
+    def batch_script_sha256(self):
+        """sha256 (hex) of this batch step's script, or None (not a batch step, unreadable)."""
+        from slurmbox.migrate.store import file_sha256
+
+        try:
+            return file_sha256(self.args.batch_script)[1] if self.args.batch_script else None
+        except OSError:
+            return None
+
     def _choose_restore(self, spec, err_fd, settings):
         """(Checkpoint, restore spec) to restore from, or None to start the program.
 
@@ -445,7 +454,8 @@ class Supervisor:
 
         try:
             store = self.store()
-            selection = select_checkpoint(store, self.args.job, self.args.step, self.args.uid)
+            selection = select_checkpoint(store, self.args.job, self.args.step, self.args.uid,
+                                          self.batch_script_sha256())
             for line in selection.messages():
                 self.say(err_fd, line)
             if selection.checkpoint is not None:

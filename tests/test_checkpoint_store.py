@@ -278,3 +278,14 @@ def test_restore_spec_maps_node_specific_sources(store, tmp_path):
         json.dump(saved, handle)
     with pytest.raises(CheckpointError, match="does not exist on this node"):
         restore_spec(ckpt, new, "/new/spool/job1/slurm_script")
+
+
+@needs_root
+def test_checkpoint_of_a_different_batch_script_is_skipped(store):
+    pending = store.begin("7", "batch", _uid())
+    with open(os.path.join(pending.image_dir, "checkpoint.img"), "wb") as handle:
+        handle.write(b"image")
+    pending.publish({"node": "n1", "batch_script_sha256": "a" * 64})
+    assert select_checkpoint(store, "7", "batch", _uid(), "a" * 64).checkpoint is not None
+    selection = select_checkpoint(store, "7", "batch", _uid(), "b" * 64)
+    assert selection.checkpoint is None and "different batch script" in selection.skipped[0][1][0]
