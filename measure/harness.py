@@ -232,7 +232,7 @@ class _Sampler:
                                                "constant_output", "identity_output") for f in sample_flags) else 1
         if kind == KIND_HIDDEN and not row["correct"]:
             sample_flags.append(Flag("hidden_shape_failed", index, "probe shape %s" % (expected.shape,)))
-        if kind == KIND_TIMED and self.saved_repeat is None and row["correct"]:
+        if kind in (KIND_WARMUP, KIND_TIMED) and self.saved_repeat is None and row["correct"]:
             self.saved_repeat = (index, inputs, expected, np.array(output, copy=True))
         if kind == KIND_REPEAT and self.saved_repeat is not None:
             earlier = self.saved_repeat[3]
@@ -279,10 +279,11 @@ class _Sampler:
         return out
 
 
-def _schedule(rng, count, span):
-    """``count`` distinct secret positions in [1, span)."""
-    span = max(span, count + 1)
-    return set(int(x) for x in rng.choice(np.arange(1, span), size=min(count, span - 1), replace=False))
+def _schedule(rng, count, span, first=1, taken=()):
+    """``count`` distinct secret positions in [first, span), none of them in ``taken``."""
+    span = max(span, first + count + len(taken))
+    free = np.array([p for p in range(first, span) if p not in taken])
+    return set(int(x) for x in rng.choice(free, size=min(count, free.size), replace=False))
 
 
 def _claim_flags(rows, overhead_ns):
@@ -356,7 +357,8 @@ def measure_candidate(task, reference, candidate_path, label, options, fingerpri
             if options.isolation and options.harness_cpus:
                 restore = isolation.pin_harness(options.harness_cpus, options.realtime)
             hidden = _schedule(rng_schedule, options.hidden_probes if task.hidden_shape else 0, rule.min_samples)
-            repeats = _schedule(rng_schedule, options.repeat_probes, rule.min_samples) - hidden
+            # Repeats come after at least one answered sample, so there is an input to repeat.
+            repeats = _schedule(rng_schedule, options.repeat_probes, rule.min_samples, first=2, taken=hidden)
             index = 0
             timed = []
             loop_start = time.monotonic()

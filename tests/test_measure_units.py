@@ -379,3 +379,12 @@ def test_harness_connects_only_to_a_socket_the_candidate_uid_owns(tmp_path):
     with pytest.raises(SandboxStartError, match="symlink"):
         candidate._connect_socket(str(tmp_path / "sock"))
     assert candidate._connect_socket(str(tmp_path / "absent")) is None
+
+
+def test_probe_schedule_is_secret_distinct_and_leaves_room_for_a_repeat():
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        hidden = harness._schedule(rng, 2, 10)
+        repeats = harness._schedule(rng, 1, 10, first=2, taken=hidden)
+        assert len(hidden) == 2 and len(repeats) == 1
+        assert not hidden & repeats and min(repeats) >= 2 and max(hidden | repeats) < 10
