@@ -191,6 +191,24 @@ class CheckpointableTask:
 
     # -- the evacuation ------------------------------------------------------------------
     def _evacuate(self, evacuation, requeue=True):
+        """Run one evacuation; an unexpected error is logged and still ends in a decided outcome
+        (the job is requeued if it can be), so no waiter hangs."""
+        try:
+            self._evacuate_steps(evacuation, requeue)
+        except Exception as err:  # never leave the step waiting on an undecided evacuation
+            import traceback
+            traceback.print_exc()
+            self.sup.say(self.err_fd, "internal error while checkpointing job %s: %s" % (self.sup.args.job, err))
+            if not evacuation.decided.is_set():
+                try:
+                    self._requeue(evacuation, program_gone=self.proc is not None and self.proc.poll() is not None)
+                except Exception:
+                    traceback.print_exc()
+            if not evacuation.decided.is_set():
+                evacuation.finish("lost" if self.proc is not None and self.proc.poll() is not None else "forwarded",
+                                  "internal error: %s" % err)
+
+    def _evacuate_steps(self, evacuation, requeue):
         job = self.sup.args.job
         if self.settings.mode == "signal":
             evacuation.signalled = True
@@ -220,7 +238,7 @@ class CheckpointableTask:
                       "runsc": runsc_description(self.prefix),
                       "batch_script_sha256": self.sup.batch_script_sha256()}
             ckpt, took = checkpoint_sandbox(self.prefix, self.sup.container_id, pending, fields, self.spec)
-            size_mb = sum(f["size"] for f in ckpt.manifest["files"]) / 1e6
+            size_mb = sum(f.get("size", 0) for f in (ckpt.manifest or {}).get("files", [])) / 1e6
             evacuation.checkpoint = ckpt.path
             self.sup.say(self.err_fd, "%s: checkpointed job %s as %s (%.1f MB, runsc checkpoint %.2f s)"
                          % (evacuation.reason, job, ckpt.path, size_mb, took))

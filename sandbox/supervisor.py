@@ -212,7 +212,7 @@ class Supervisor:
         env = {str(k): str(v) for k, v in dict(message["env"]).items()}
         env.update(plan.env)
         from slurmbox.topology import sandbox_hints  # this node's NCCL topology file, if the site has one
-        topo_mounts, topo_env = sandbox_hints.for_step(self.args.site_config, self.args.node, env)
+        topo_mounts, topo_env = sandbox_hints.for_step(self.args.site_config, self.args.node, env, request)
         env.update(topo_env)
         root = request.image or "/"
         task_cwd = self._peer_cwd(peer_pid, groups)
@@ -569,7 +569,13 @@ class Supervisor:
                 for fd in fds:
                     os.close(fd)
                 if isinstance(request, dict) and request.get("action") == "checkpoint":
-                    send_frame(conn, self.evacuate(str(request.get("reason") or "requested")))
+                    try:
+                        answer = self.evacuate(str(request.get("reason") or "requested"))
+                    except Exception as err:  # answer the tool; the traceback goes to the slurmbox log
+                        import traceback
+                        traceback.print_exc()
+                        answer = {"outcome": "failed", "message": "internal error: %s" % err}
+                    send_frame(conn, answer)
                 else:
                     send_frame(conn, {"outcome": "failed", "message": "unknown request"})
             except (OSError, ValueError):

@@ -11,6 +11,14 @@ def _evacuate(cluster, node):
     return _slurmbox(cluster, "migrate", "--node", node, "--reason", "test", "--runtime-dir", cluster.runtime_dir)
 
 
+def _log(cluster, node, job):
+    try:
+        with open(os.path.join(cluster.runtime_dir, node, "log", "%s.batch.log" % job)) as handle:
+            return "\nslurmbox log:\n" + handle.read()
+    except OSError:
+        return ""
+
+
 def _resume(cluster, node):
     cluster.run(["scontrol", "update", "NodeName=%s" % node, "State=RESUME"], user="root")
 
@@ -59,7 +67,7 @@ def test_full_store_fails_clearly_and_the_last_good_checkpoint_still_works(clust
             cluster.wait_for(lambda: len(lines(out)) >= before + 30, timeout=120, what="30 more lines")
             nodes.append(node)
             result = _evacuate(cluster, node)
-            assert result.returncode == 0, result.stdout + result.stderr
+            assert result.returncode == 0, result.stdout + result.stderr + _log(cluster, node, job)
             _resume(cluster, node)
         wait_done(cluster, job, out, count=300)
         errors = open(err).read()
@@ -75,3 +83,29 @@ def test_full_store_fails_clearly_and_the_last_good_checkpoint_still_works(clust
         for node in nodes:
             _resume(cluster, node)
         subprocess.run(["umount", store])
+
+
+def test_periodic_checkpoints_bound_the_work_lost_without_notice(cluster, workdir):
+    script = os.path.join(workdir, "count.sh")
+    with open(script, "w") as handle:
+        handle.write("#!/bin/sh\n#SBATCH --sandbox --sandbox-checkpoint-interval=0.1\n"
+                     "#SBATCH -p spot -N1 -n1 --requeue --open-mode=append\n"
+                     "i=0\nwhile [ \"$i\" -lt 300 ]; do i=$((i+1)); echo \"$i\"; sleep 0.05; done\n")
+    job, out, err = submit(cluster, workdir, script)
+    cluster.wait_for(lambda: os.path.exists(err) and open(err).read().count("periodic: checkpointed job") >= 2,
+                     timeout=120, what=lambda: "two periodic checkpoints: %r" % (open(err).read()
+                                                                                if os.path.exists(err) else ""))
+    # A node lost with no notice: Slurm requeues the job; nothing is saved at that moment.
+    assert cluster.run(["scontrol", "requeue", job], user="root").returncode == 0
+    cluster.wait_for(lambda: job_record(cluster, job).get("JobState") == "PENDING", timeout=60, what="pending")
+    cluster.run(["scontrol", "update", "JobId=%s" % job, "StartTime=now"], user="root")  # skip the requeue hold
+    wait_done(cluster, job, out, count=300)
+    errors = open(err).read()
+    assert "restoring job %s step batch from checkpoint ckpt-" % job in errors, errors
+    numbers = [int(x) for x in lines(out)]
+    drop = next(k for k in range(1, len(numbers)) if numbers[k] <= numbers[k - 1])
+    first, again = numbers[:drop], numbers[drop:]
+    assert first == list(range(1, len(first) + 1))
+    # Work since the last periodic checkpoint is done again, never more than one interval's worth.
+    assert again == list(range(again[0], 301)) and 1 < again[0] <= len(first), (first[-3:], again[:3])
+    assert len(first) - again[0] < 200
