@@ -393,3 +393,22 @@ def test_compress_examples():
     assert hostlists.compress(["gpu%05d" % i for i in range(1, 16385)]) == "gpu[00001-16384]"
     assert hostlists.compress(["n9", "n10", "n1"]) == "n[1,9-10]"
     assert hostlists.compress(["switch.1.9", "switch.1.10"]) == "switch.1.[9-10]"
+
+
+def test_sandbox_hints_destination_follows_image_and_user_mounts(tmp_path, capsys):
+    from types import SimpleNamespace
+
+    from slurmbox.sandbox.options import Mount
+    host_root = SimpleNamespace(image=None, mounts=[Mount("/home/u/data", "/data", False)])
+    image = SimpleNamespace(image="/images/ubuntu", mounts=[])
+    over_run = SimpleNamespace(image=None, mounts=[Mount("/home/u/run", "/run", False)])
+    over_root = SimpleNamespace(image="/images/ubuntu", mounts=[Mount("/home/u/fs", "/", False)])
+    assert sandbox_hints.destination(host_root) == sandbox_hints.TOPO_MOUNT == "/run/nccl-topo.xml"
+    assert sandbox_hints.destination(image) == sandbox_hints.IMAGE_TOPO_MOUNT == "/tmp/nccl-topo.xml"
+    assert sandbox_hints.destination(over_run) is None and sandbox_hints.destination(over_root) is None
+    if os.geteuid() == 0:
+        site, _ = _site(tmp_path)
+        mounts, env = sandbox_hints.for_step(site, "n1", {}, image)
+        assert mounts[0].destination == "/tmp/nccl-topo.xml" and env["NCCL_TOPO_FILE"] == "/tmp/nccl-topo.xml"
+        assert sandbox_hints.for_step(site, "n1", {}, over_run) == ([], {})
+        assert "not mounted: the step mounts its own directory over /run" in capsys.readouterr().err

@@ -21,6 +21,7 @@ import stat
 import sys
 
 TOPO_MOUNT = "/run/nccl-topo.xml"
+IMAGE_TOPO_MOUNT = "/tmp/nccl-topo.xml"
 FILE_NAME = "nccl-topo.xml"
 
 
@@ -49,12 +50,33 @@ def _step_gpus(env):
         return None
 
 
-def for_step(site_config, node, env):
+def destination(request=None):
+    """Where the file appears inside: TOPO_MOUNT with the host root as image (``/run`` is a
+    private tmpfs there), IMAGE_TOPO_MOUNT with a custom image (the private ``/tmp`` tmpfs
+    exists in every sandbox; a custom image may lack ``/run``). None when one of the
+    step's own mounts covers that directory: the mount point would be created in the
+    user's host directory, so the file is not mounted."""
+    dest = TOPO_MOUNT if request is None or request.image is None else IMAGE_TOPO_MOUNT
+    parent = os.path.dirname(dest)
+    for mount in getattr(request, "mounts", None) or ():
+        target = os.path.normpath(mount.destination)
+        if parent == target or parent.startswith(target.rstrip("/") + "/"):
+            return None
+    return dest
+
+
+def for_step(site_config, node, env, request=None):
     """(mounts, variables) for one step: ``mounts`` a list of sandbox.options.Mount
-    (read-only bind of the node's XML at TOPO_MOUNT), ``variables`` the NCCL variables the
-    step's environment ``env`` does not already set. ([], {}) when the node has no file."""
+    (read-only bind of the node's XML, see :func:`destination`), ``variables`` the NCCL
+    variables the step's environment ``env`` does not already set. ``request``: the step's
+    options.SandboxRequest (image, mounts). ([], {}) when the node has no file."""
     path = hints_path(site_config, node)
     if path is None:
+        return [], {}
+    dest = destination(request)
+    if dest is None:
+        sys.stderr.write("slurmbox: note: %s not mounted: the step mounts its own directory over %s\n"
+                         % (path, os.path.dirname(TOPO_MOUNT if request.image is None else IMAGE_TOPO_MOUNT)))
         return [], {}
     if not _safe(path):
         sys.stderr.write("slurmbox: warning: ignoring %s: not a regular file owned by root and writable only by "
@@ -62,7 +84,7 @@ def for_step(site_config, node, env):
         return [], {}
     from slurmbox.sandbox.options import Mount
 
-    variables = {"NCCL_TOPO_FILE": TOPO_MOUNT}
+    variables = {"NCCL_TOPO_FILE": dest}
     try:
         from . import nccl_hints, nccl_xml
         node_topo = nccl_xml.read(path, node)
@@ -70,4 +92,4 @@ def for_step(site_config, node, env):
     except Exception as err:  # a bad file must not stop the step; NCCL still gets the file
         sys.stderr.write("slurmbox: warning: %s: no NCCL hints derived (%s)\n" % (path, err))
     variables = {k: v for k, v in variables.items() if k not in env}
-    return [Mount(path, TOPO_MOUNT, True)], variables
+    return [Mount(path, dest, True)], variables
