@@ -350,7 +350,11 @@ def measure_candidate(task, reference, candidate_path, label, options, fingerpri
         stderr = str(err)
     else:
         config = dict(candidate.config)
-        sampler = _Sampler(task, reference, candidate, options, rng_inputs, rng_schedule)
+        try:
+            sampler = _Sampler(task, reference, candidate, options, rng_inputs, rng_schedule)
+        except BaseException:
+            candidate.stop()
+            raise
         restore = None
         try:
             sampler.calibrate_idle()
