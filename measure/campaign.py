@@ -87,6 +87,13 @@ def run_campaign(task_path, candidates, options=None, out=None, measurement_poli
     options = resolve_cpus(options, measurement_policy)
     fp = fingerprint.collect(options.harness_cpus, options.sandbox_cpus, options.isolation,
                              site_policy.to_json(measurement_policy))
+    if options.gpu_indices and measurement_policy.get("exclusive_gpus", True):
+        from slurmbox.measure import gpu
+        busy = gpu.foreign_processes(list(options.gpu_indices))
+        if busy:
+            raise isolation.IsolationError(
+                "the site measures on exclusive GPUs, but other processes use them: %s; wait for them or "
+                "measure on other GPUs" % "; ".join("GPU %d: pids %s" % (i, p) for i, p in sorted(busy.items())))
     locked = None
     if measurement_policy.get("clock_policy") == "locked" and options.gpu_indices:
         from slurmbox.measure import gpu

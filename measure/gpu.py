@@ -62,11 +62,14 @@ def fingerprint(indices=None):
 
 
 class ThrottleMonitor:
-    """Per-sample throttle readings of the devices ``indices``; without NVML it records nothing.
+    """Per-sample throttle and clock readings of the devices ``indices``; without NVML it records nothing.
 
     ``read()`` returns the OR of throttle bits of THROTTLE_BITS over the
-    devices (0 = clean); ``histogram`` counts samples per reason name.
+    devices (0 = clean) and remembers the lowest SM clock (MHz) in
+    ``last_sm_mhz`` (-1 without NVML); ``histogram`` counts samples per reason name.
     """
+
+    last_sm_mhz = -1
 
     def __init__(self, indices=()):
         self.nvml, self.reason = _nvml() if indices else (None, "no GPU requested")
@@ -75,8 +78,11 @@ class ThrottleMonitor:
 
     def read(self):
         bits = 0
+        clocks = []
         for handle in self.handles:
             bits |= self.nvml.nvmlDeviceGetCurrentClocksThrottleReasons(handle)
+            clocks.append(self.nvml.nvmlDeviceGetClockInfo(handle, self.nvml.NVML_CLOCK_SM))
+        self.last_sm_mhz = min(clocks) if clocks else -1
         bits &= sum(THROTTLE_BITS)
         for bit, name in THROTTLE_BITS.items():
             if bits & bit:
@@ -87,6 +93,24 @@ class ThrottleMonitor:
         if self.nvml is not None:
             self.nvml.nvmlShutdown()
             self.nvml = None
+
+
+def foreign_processes(indices):
+    """``{index: [pid, ...]}`` of compute processes NVML sees on devices ``indices``
+    (nvmlDeviceGetComputeRunningProcesses); {} without NVML."""
+    nvml, _ = _nvml()
+    if nvml is None:
+        return {}
+    try:
+        found = {}
+        for index in indices:
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            pids = [p.pid for p in nvml.nvmlDeviceGetComputeRunningProcesses(handle)]
+            if pids:
+                found[index] = pids
+        return found
+    finally:
+        nvml.nvmlShutdown()
 
 
 def lock_clocks(indices, sm_mhz):

@@ -82,7 +82,7 @@ class MeasureOptions:
 @dataclass
 class CandidateResult:
     """Everything measured about one candidate. ``samples``: dict of equal-length numpy arrays
-    (kind, wall_ns, cpu_ns, quiet_wall_ns, quiet_cpu_ns, claimed_ns, correct, throttle); ``summary``:
+    (kind, wall_ns, cpu_ns, quiet_wall_ns, quiet_cpu_ns, claimed_ns, correct, throttle, sm_clock_mhz); ``summary``:
     stats.summarize of the timed samples; ``reward_ns``: the median, or None when withheld."""
 
     label: str
@@ -208,7 +208,7 @@ class _Sampler:
         window_cpu = None if (u0 is None or u1 is None) else u1 - u0
         row = {"kind": kind, "wall_ns": wall, "cpu_ns": -1 if window_cpu is None else window_cpu,
                "quiet_wall_ns": -1, "quiet_cpu_ns": -1, "claimed_ns": -1, "correct": 0,
-               "throttle": self.throttle.read()}
+               "throttle": self.throttle.read(), "sm_clock_mhz": self.throttle.last_sm_mhz}
         self.rows.append(row)
         if header.get("id") != index or header["op"] not in ("result", "error"):
             self.flags.append(Flag("protocol_violation", index, "expected result %d, got op %r id %r"
@@ -418,7 +418,8 @@ def measure_candidate(task, reference, candidate_path, label, options, fingerpri
     if correct.size and correct.any() and not correct.all() and not any(f.reason in FATAL for f in flags):
         flags.append(Flag("intermittent_incorrect", -1, "%d of %d samples correct" % (int(correct.sum()), correct.size)))
     samples = {key: np.array([r[key] for r in rows], dtype=np.int64)
-               for key in ("wall_ns", "cpu_ns", "quiet_wall_ns", "quiet_cpu_ns", "claimed_ns", "throttle")}
+               for key in ("wall_ns", "cpu_ns", "quiet_wall_ns", "quiet_cpu_ns", "claimed_ns", "throttle",
+                           "sm_clock_mhz")}
     samples["kind"] = kinds
     samples["correct"] = correct
     clean = (kinds == KIND_TIMED) & (samples["throttle"] == 0) if rows else np.zeros(0, dtype=bool)

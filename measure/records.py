@@ -9,10 +9,11 @@ Layout (format ``slurmbox-measure/1``)::
                                   node, cpu_model, harness_cpus, sandbox_cpus, kernel,
                                   gpu_present, gpu_json, sandbox_json, fingerprint_json,
                                   stdout, stderr (first 64 KiB each)
-        kind, wall_ns, cpu_ns, quiet_wall_ns, quiet_cpu_ns, claimed_ns, correct, throttle
-                           per-sample datasets, equal length (kind: 0 warmup,
+        kind, wall_ns, cpu_ns, quiet_wall_ns, quiet_cpu_ns, claimed_ns, correct, throttle,
+        sm_clock_mhz       per-sample datasets, equal length (kind: 0 warmup,
                            1 timed, 2 hidden-shape probe, 3 repeat probe;
                            throttle: NVML throttle-reason bits, 0 = clean;
+                           sm_clock_mhz: lowest SM clock of the GPUs after the sample;
                            -1 where a value is unavailable)
 """
 
@@ -22,7 +23,8 @@ import os
 import time
 
 FORMAT = "slurmbox-measure/1"
-SAMPLE_FIELDS = ("kind", "wall_ns", "cpu_ns", "quiet_wall_ns", "quiet_cpu_ns", "claimed_ns", "correct", "throttle")
+SAMPLE_FIELDS = ("kind", "wall_ns", "cpu_ns", "quiet_wall_ns", "quiet_cpu_ns", "claimed_ns", "correct", "throttle",
+                 "sm_clock_mhz")
 
 
 class RecordError(ValueError):

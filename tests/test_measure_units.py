@@ -336,6 +336,9 @@ class _FakeNvml(types.ModuleType):
     def nvmlDeviceSetGpuLockedClocks(self, handle, low, high):
         self.locked[handle[1]] = (low, high)
 
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):
+        return [types.SimpleNamespace(pid=4242, usedGpuMemory=1 << 30)]
+
 
 def test_gpu_fingerprint_throttle_and_clock_lock_through_nvml(monkeypatch):
     import sys
@@ -350,8 +353,21 @@ def test_gpu_fingerprint_throttle_and_clock_lock_through_nvml(monkeypatch):
     assert device["power_limit_w"] == 700.0
     monitor = gpu.ThrottleMonitor((0,))
     assert monitor.read() == 0x40 and monitor.histogram == {"sw_thermal": 1}
+    assert monitor.last_sm_mhz == 1980
     monitor.close()
     assert gpu.lock_clocks([0], 0) == {0: 1755} and fake.locked[0] == (1755, 1755)
+    assert gpu.foreign_processes([0]) == {0: [4242]}
+
+
+def test_campaign_refuses_gpus_in_use_when_the_site_wants_them_exclusive(monkeypatch):
+    import sys
+
+    from slurmbox.measure import campaign
+    monkeypatch.setitem(sys.modules, "pynvml", _FakeNvml())
+    options = harness.MeasureOptions(gpus=("/dev/nvidia0",), gpu_indices=(0,), isolation=False)
+    with pytest.raises(isolation.IsolationError, match="GPU 0: pids \\[4242\\]"):
+        campaign.run_campaign(os.path.join(DATA, "matmul_task.py"), [("h", os.path.join(DATA, "honest.py"))],
+                              options, measurement_policy={"exclusive_gpus": True})
 
 
 def test_gpu_reports_not_present_without_nvidia_ml_py(monkeypatch):
