@@ -42,6 +42,22 @@ def exit_on_sigterm():
     signal.signal(signal.SIGTERM, handler)
 
 
+def visible_in_sandbox(path, uid, gid):
+    """True when the host file ``path`` could be read by ``uid`` inside a measurement sandbox:
+    not under a directory the sandbox masks (sandbox.bundle.MASKED_HOST_DIRS) or under the
+    Python environment bound into it, and readable by the mode bits along its path."""
+    import sys
+
+    from slurmbox.sandbox import bundle
+    real = os.path.realpath(path)
+    bound = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix)} - {"/usr", "/"}
+    if any(real.startswith(os.path.realpath(p) + "/") for p in bound):
+        return True
+    if any(real == d or real.startswith(d + "/") for d in bundle.MASKED_HOST_DIRS):
+        return False
+    return bundle.path_reachable(real, uid, [gid])
+
+
 def resolve_cpus(options, measurement_policy):
     """Fill ``options.harness_cpus``/``sandbox_cpus`` from the policy or the defaults; validate them.
 
@@ -79,6 +95,10 @@ def run_campaign(task_path, candidates, options=None, out=None, measurement_poli
     OSError; a candidate's own failures are results, not exceptions.
     """
     options = options or harness.MeasureOptions()
+    if options.sandbox == "runsc" and visible_in_sandbox(task_path, options.uid, options.gid):
+        raise ValueError("the task file %s would be readable inside the candidates' sandboxes (uid %d); move it "
+                         "under a private directory such as /root, /home or /srv, or make it unreadable to others"
+                         % (os.path.abspath(task_path), options.uid))
     task = load_task(task_path)
     labels = [label for label, _ in candidates]
     if len(set(records.group_name(label) for label in labels)) != len(labels):

@@ -3,14 +3,17 @@
 The harness runs as the job's user inside an allocation (a batch script or
 ``salloc``), outside any sandbox, and starts for every candidate::
 
-    srun --sandbox --sandbox-network=none -N1 -n1 --exact -u \\
-         --sandbox-mounts=STAGE:/candidate:ro,PYTHON_PREFIX:PYTHON_PREFIX:ro \\
+    srun --sandbox --sandbox-network=none -N1 -n1 -u --chdir=STAGE/code \\
+         --sandbox-mounts=STAGE/code:/candidate:ro,PYTHON_PREFIX:PYTHON_PREFIX:ro \\
          --sandbox-workdir=/tmp PYTHON -I /candidate/runner.py --stdio /candidate/candidate.py
 
 slurmbox's SPANK plugin puts the step in a gVisor sandbox (see the README's
 security model). The channel is the step's stdin/stdout, relayed by srun;
 the runner moves it off fd 0/1 before importing the candidate, so the
-candidate's prints go to stderr and never into the channel. Everything else
+candidate's prints go to stderr and never into the channel. ``--chdir``
+makes the stage directory the step's working directory, which slurmbox binds
+into the sandbox; the harness's own directory (task file, records) is
+never bound. Everything else
 is the local mode's harness: secret inputs, the separate reference process,
 checks outside, the harness's clock around each request/response.
 
@@ -66,7 +69,9 @@ class SlurmStepCandidate(cs._Candidate):
         for prefix in sorted({sys.prefix, sys.base_prefix}):
             if prefix not in ("/usr", "/"):
                 mounts.append("%s:%s:ro" % (os.path.realpath(prefix), prefix))
-        return [srun, "--sandbox", "--sandbox-network=none", "-N1", "-n1", "-u",
+        # --chdir: slurmbox binds the step's working directory into the sandbox read-write; it must
+        # be this stage directory, never the harness's own (task file, records).
+        return [srun, "--sandbox", "--sandbox-network=none", "-N1", "-n1", "-u", "--chdir=" + self.code_dir,
                 "--sandbox-mounts=" + ",".join(mounts), "--sandbox-workdir=/tmp", *self.srun_args,
                 sys.executable, "-I", "/candidate/runner.py", "--stdio", "/candidate/candidate.py"]
 

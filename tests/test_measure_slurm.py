@@ -22,10 +22,11 @@ def _stage(workdir, names):
 
 
 def test_slurm_mode_measures_in_sandboxed_steps_and_flags_a_cheat(cluster, workdir):
-    _stage(workdir, ["matmul_task", "honest", "exploit_cache"])
+    _stage(workdir, ["matmul_task", "honest", "exploit_cache", "exploit_read_submit_dir"])
     slurmbox = os.path.join(PREFIX, "venv", "bin", "slurmbox")
     result = cluster.run(["salloc", "-N1", "-n1", slurmbox, "measure", "run", "--mode", "slurm",
                           "--task", "matmul_task.py", "--candidate", "honest.py", "--candidate", "exploit_cache.py",
+                          "--candidate", "exploit_read_submit_dir.py",
                           "--min-time", "0.05", "--max-wall", "3", "--out", "c.h5", "--json"],
                          cwd=workdir, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -35,6 +36,10 @@ def test_slurm_mode_measures_in_sandboxed_steps_and_flags_a_cheat(cluster, workd
     assert by["honest"]["sandbox"]["runtime"].startswith("slurm step")
     assert by["honest"]["summary"]["count"] >= 10
     assert "stale_output" in by["exploit_cache"]["flag_reasons"] and by["exploit_cache"]["reward_ns"] is None
-    assert os.path.exists(os.path.join(workdir, "c.h5"))
+    reader = by["exploit_read_submit_dir"]
+    assert "incorrect_output" in reader["flag_reasons"] and reader["reward_ns"] is None
+    from slurmbox.measure import records
+    stored = {c["label"]: c for c in records.read_campaign(os.path.join(workdir, "c.h5"))["candidates"]}
+    assert "FOUND 0" in stored["exploit_read_submit_dir"]["stderr"], stored["exploit_read_submit_dir"]["stderr"]
     assert not [e for e in os.listdir(workdir) if e.startswith(".slurmbox-measure-")]
     cluster.wait_for(lambda: not cluster.sandbox_processes(), timeout=60, what="the steps' sandboxes to end")

@@ -404,3 +404,13 @@ def test_probe_schedule_is_secret_distinct_and_leaves_room_for_a_repeat():
         repeats = harness._schedule(rng, 1, 10, first=2, taken=hidden)
         assert len(hidden) == 2 and len(repeats) == 1
         assert not hidden & repeats and min(repeats) >= 2 and max(hidden | repeats) < 10
+
+
+def test_task_files_the_sandbox_could_read_are_refused(tmp_path):
+    from slurmbox.measure import campaign
+    assert not campaign.visible_in_sandbox(os.path.join(DATA, "matmul_task.py"), 65534, 65534)  # under /work
+    assert campaign.visible_in_sandbox("/etc/hostname", 65534, 65534)
+    options = harness.MeasureOptions()
+    with pytest.raises(ValueError, match="readable inside"):
+        campaign.run_campaign("/etc/hostname", [("h", os.path.join(DATA, "honest.py"))], options,
+                              measurement_policy={})
