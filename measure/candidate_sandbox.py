@@ -273,6 +273,10 @@ class SandboxedCandidate(_Candidate):
         return spec
 
     def start(self):
+        """Stage the files, write the bundle, ``runsc run`` the sandbox, connect and read its hello.
+
+        Raises SandboxStartError (everything started so far is torn down first).
+        """
         import json
 
         from slurmbox.sandbox import runsc
@@ -346,6 +350,7 @@ class BareCandidate(_Candidate):
                        "cpus": isolation.format_cpu_list(self.cpus) if self.cpus else ""}
 
     def start(self):
+        """Start the runner as ``uid`` in its own cgroup and connect. Raises SandboxStartError."""
         try:
             self._stage()
             isolation.create_cgroup(self.cgroups_path, self.cpus or isolation.online_cpus())
@@ -366,6 +371,7 @@ class BareCandidate(_Candidate):
             raise
 
     def stop(self):
+        """Close the channel, kill everything left in the cgroup, remove cgroup and staging directory."""
         self._close_channel()
         if self.proc is not None:
             try:

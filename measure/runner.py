@@ -126,6 +126,7 @@ def stdio_channel():
 
 
 def main(argv):
+    """Entry point (see the module doc for the two argument forms). Returns the exit status."""
     if argv[1] == "--stdio":
         candidate_path = argv[2]
         conn = stdio_channel()

@@ -76,6 +76,7 @@ class SlurmStepCandidate(cs._Candidate):
                 sys.executable, "-I", "/candidate/runner.py", "--stdio", "/candidate/candidate.py"]
 
     def start(self):
+        """Stage the files, start the srun step and read the runner's hello. Raises SandboxStartError."""
         try:
             self._stage()
             argv = self.command()
