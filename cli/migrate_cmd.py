@@ -33,8 +33,8 @@ def _report(report, as_json):
     if as_json:
         click.echo(json.dumps(report.as_dict(), indent=2))
         return
-    click.echo("node %s: %s%s" % (report.node, "drained" if report.drained else "NOT drained",
-                                  " (%s)" % report.reason))
+    click.echo("node %s: %s (%s)" % (report.node, "drained" if report.drained else "not drained by slurmbox",
+                                     report.reason))
     for step in report.steps:
         click.echo("  job %s step %s: %s%s" % (step.job, step.step, step.outcome,
                                              " - %s" % step.message if step.message else ""))
@@ -75,7 +75,9 @@ def migrate(node, reason, watch, interval, no_drain, runtime_dir, slurm_conf, as
             except scontrol.SlurmCommandError as err:
                 click.echo("slurmbox migrate: %s (retrying)" % err, err=True)
             time.sleep(interval)
-    report = evacuate_node(node, "slurmbox migrate: %s" % reason, runtime_dir, env=env, drain=not no_drain)
+    # --watch: the node is drained or reserved for maintenance already; keep the admin's reason.
+    report = evacuate_node(node, "slurmbox migrate: %s" % reason, runtime_dir, env=env,
+                           drain=not (no_drain or watch))
     _report(report, as_json)
     if report.errors or any(s.outcome == "failed" for s in report.steps):
         sys.exit(1)

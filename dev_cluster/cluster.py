@@ -227,6 +227,7 @@ JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 ReturnToService=2
 KillWait=5
+AuthInfo=cred_expire=20
 MinJobAge=30
 InactiveLimit=0
 SlurmdTimeout=60

@@ -111,7 +111,7 @@ def evacuate_node(node, reason, runtime_dir, env=None, drain=True, requeue_all=T
             except scontrol.SlurmCommandError as err:
                 report.errors.append("requeue %s: %s" % (job, err))
     report.requeued = sorted(requeued, key=lambda j: int(j) if j.isdigit() else 0)
-    if release:
+    if release and (report.drained or not drain):  # never back onto the node it left (see release)
         waiters = [threading.Thread(target=release_when_pending, args=(job, env)) for job in report.requeued]
         for thread in waiters:
             thread.start()

@@ -1,15 +1,17 @@
-"""Start a requeued, checkpointed job again without Slurm's requeue hold.
+"""Start a job evacuated from a drained node again without Slurm's requeue hold.
 
-Slurm (seen on 22.05) makes a requeued batch job eligible only about two
-minutes later (``Reason=BeginTime``). A job slurmbox checkpointed has its
-state safe in the store, so once slurmctld shows it PENDING again its begin
-time is set to now (``scontrol update JobId=J StartTime=now``). Run detached
-by the step supervisor (``python -I -m slurmbox.migrate.release JOB
---slurm-conf PATH``), or called by spot-watch and migrate.
+Slurm makes a requeued batch job eligible only ``cred_expire`` + 1 seconds
+later (slurm.conf ``AuthInfo=cred_expire``, default 120 s; ``Reason=BeginTime``):
+until then the old node refuses to launch it again ("Job credential
+revoked", seen on 22.05: the job then FAILS). When the job left a node that
+is now drained (spot-watch, migrate), it cannot land there, so once
+slurmctld shows it PENDING its begin time is set to now (``scontrol update
+JobId=J StartTime=now``). Never used for preemption, where the job may return
+to the node it left; sites that want requeued spot jobs back sooner lower
+``cred_expire`` (the dev cluster uses 20 s).
 """
 
 import argparse
-import os
 import sys
 import time
 
@@ -38,25 +40,6 @@ def release_when_pending(job, env=None, timeout=WAIT_S, poll=0.5):
             pass
         time.sleep(poll)
     return False
-
-
-def spawn_detached(job, slurm_conf):
-    """Run release_when_pending for ``job`` in a detached process (double fork; survives the step's cleanup)."""
-    pid = os.fork()
-    if pid:
-        os.waitpid(pid, 0)
-        return
-    try:
-        os.setsid()
-        if os.fork():
-            os._exit(0)
-        devnull = os.open(os.devnull, os.O_RDWR)
-        for fd in (0, 1):
-            os.dup2(devnull, fd)
-        os.execv(sys.executable, [sys.executable, "-I", "-m", "slurmbox.migrate.release", str(job),
-                                  "--slurm-conf", slurm_conf or ""])
-    finally:
-        os._exit(127)
 
 
 def main(argv=None):

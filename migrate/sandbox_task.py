@@ -46,6 +46,7 @@ class Evacuation:
         self.message = ""
         self.checkpoint = None
         self.signalled = False
+        self.interrupted = None  # a signal from Slurm that arrived during a periodic checkpoint
 
     def finish(self, outcome, message=""):
         """Record the outcome and wake every waiter."""
@@ -80,6 +81,7 @@ class CheckpointableTask:
         self.lock = threading.Lock()
         self.evacuation = None
         self.closed = False
+        self.gone = False  # the task's launcher disappeared (killed)
 
     # -- triggers ------------------------------------------------------------------------
     def on_signal(self, signum):
@@ -91,7 +93,9 @@ class CheckpointableTask:
         """
         with self.lock:
             if self.evacuation is not None:
-                return signum in (signal.SIGTERM, signal.SIGCONT)
+                if self.evacuation.reason == "periodic" and signum in (signal.SIGTERM, signal.SIGINT):
+                    self.evacuation.interrupted = signum  # delivered as the step's end once the image is safe
+                return signum in (signal.SIGTERM, signal.SIGCONT, signal.SIGINT)
             if signum != signal.SIGTERM or self.closed:
                 return False
             evacuation = self.evacuation = Evacuation("preemption")
@@ -243,6 +247,13 @@ class CheckpointableTask:
             self.sup.say(self.err_fd, "%s: checkpointed job %s as %s (%.1f MB, runsc checkpoint %.2f s)"
                          % (evacuation.reason, job, ckpt.path, size_mb, took))
             if not requeue:
+                if evacuation.interrupted or self.gone:
+                    # Slurm is ending the step (requeue, scancel, node failure handling): do not start the
+                    # sandbox again here; the next run restores this checkpoint.
+                    evacuation.finish("interrupted", "periodic checkpoint %s taken while the step was being "
+                                      "ended" % ckpt.name)
+                    self.sup.say(self.err_fd, evacuation.message)
+                    return
                 self._resume_here(evacuation, ckpt, "periodic checkpoint %s taken; the program continues"
                                   % ckpt.name)
                 return
@@ -267,7 +278,6 @@ class CheckpointableTask:
                 evacuation.finish("requeued", "job %s is requeued by Slurm (preemption)%s"
                                   % (job, ", checkpoint %s" % ckpt.name if ckpt else ""))
                 self.sup.say(self.err_fd, evacuation.message)
-                self._release()
             elif ckpt is not None:
                 self._resume_here(evacuation, ckpt, "job %s could not be requeued (%s); it continues here from "
                                   "checkpoint %s" % (job, err, ckpt.name))
@@ -281,18 +291,11 @@ class CheckpointableTask:
         evacuation.finish("requeued", "job %s requeued (%s)%s" % (job, evacuation.reason,
                                                                  ", checkpoint %s" % ckpt.name if ckpt else ""))
         self.sup.say(self.err_fd, evacuation.message)
-        self._release()
-
-    def _release(self):
-        """Lift Slurm's begin-time hold on the requeued job (slurmbox.migrate.release), detached."""
-        from slurmbox.migrate.release import spawn_detached
-
-        try:
-            spawn_detached(self.sup.args.job, self.sup.args.slurm_conf)
-        except OSError as err:
-            self.sup.say(None, "cannot start the release helper: %s" % err)
 
     def _resume_here(self, evacuation, ckpt, why):
+        if self.gone:
+            evacuation.finish("lost", "the step ended while job %s was being checkpointed" % self.sup.args.job)
+            return
         subprocess.run(self.prefix + ["delete", "--force", self.sup.container_id], capture_output=True, check=False)
         proc = subprocess.Popen(restore_argv(self.prefix, ckpt.path, self.sup.bundle_dir, self.sup.container_id),
                                 stdin=self.child_fds[0], stdout=self.child_fds[1], stderr=self.child_fds[2],
@@ -319,7 +322,7 @@ class CheckpointableTask:
             with self.lock:
                 self.evacuation = None
             return "resumed"
-        if evacuation.outcome in ("requeued", "lost"):
+        if evacuation.outcome in ("requeued", "lost", "interrupted"):
             return evacuation.outcome
         return None
 

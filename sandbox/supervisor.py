@@ -503,8 +503,13 @@ class Supervisor:
             elif task is None or not task.on_signal(signum):
                 self._kill(prefix, kill_args, signum)
 
+        def on_gone():
+            if task is not None:
+                task.gone = True
+            self._kill(prefix, kill_args, signal.SIGKILL)
+
         # A launcher that disappears was killed (SIGKILL): the task must not outlive it.
-        follow_peer(conn, finished, on_signal, lambda: self._kill(prefix, kill_args, signal.SIGKILL))
+        follow_peer(conn, finished, on_signal, on_gone)
         while True:
             returncode = proc.wait()
             outcome = task.after_exit() if task is not None else None
@@ -520,6 +525,8 @@ class Supervisor:
             status = {"signal": int(signal.SIGTERM)}  # Slurm requeues the job; the batch step ends as if killed
         elif outcome == "lost":
             status = {"exit": EXIT_SANDBOX_FAILED}
+        elif outcome == "interrupted":  # Slurm ended the step during a periodic checkpoint
+            status = {"signal": int(task.evacuation.interrupted or signal.SIGKILL)}
         else:
             status = decode_status(returncode)
             if task is not None and "exit" in status:

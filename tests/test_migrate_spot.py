@@ -159,7 +159,7 @@ def test_spot_notice_moves_running_job_to_other_node(cluster, workdir):
         result, node = _move_job(cluster, workdir, evacuate)
         report = json.loads(result.stdout)
         assert report["drained"] and report["reason"].startswith("slurmbox spot-watch: aws terminate notice")
-        assert [s["outcome"] for s in report["steps"]] == ["requeued"]
+        assert [s["outcome"] for s in report["steps"]] == ["requeued"], report
     finally:
         fake.close()
 
@@ -171,3 +171,22 @@ def test_migrate_node_moves_running_job(cluster, workdir):
 
     result, node = _move_job(cluster, workdir, evacuate)
     assert "requeued" in result.stdout and "drained" in result.stdout
+
+
+def test_migrate_watch_evacuates_when_the_node_is_drained(cluster, workdir):
+    def evacuate(node):
+        watcher = subprocess.Popen([os.path.join(PREFIX, "venv", "bin", "slurmbox"), "migrate", "--node", node,
+                                    "--watch", "--interval", "0.5", "--runtime-dir", cluster.runtime_dir],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cluster.env())
+        try:
+            assert cluster.run(["scontrol", "update", "NodeName=%s" % node, "State=DRAIN", "Reason=maintenance window"],
+                               user="root").returncode == 0
+            out, errors = watcher.communicate(timeout=180)
+        finally:
+            if watcher.poll() is None:
+                watcher.kill()
+                watcher.wait()
+        return subprocess.CompletedProcess(watcher.args, watcher.returncode, out, errors)
+
+    result, node = _move_job(cluster, workdir, evacuate)
+    assert "requeued" in result.stdout
