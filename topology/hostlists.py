@@ -9,9 +9,11 @@ bracket groups (``r[0-1]n[0-31]``); this one writes one bracket group per name p
 expansion in the tests.
 """
 
+import re
+
 import hostlist as _hostlist
 
-from .model import TopologyError
+from .model import TopologyError, natural_key
 
 
 def expand(expression):
@@ -28,6 +30,8 @@ def expand(expression):
 
 
 _DIGITS = "0123456789"
+# "<prefix><ASCII digits>" per line; the prefix is what str.rstrip(_DIGITS) leaves.
+_NAME = re.compile(r"([^\n]*?)([0-9]*)\n")
 
 
 def compress(names):
@@ -39,41 +43,49 @@ def compress(names):
     names = set(names)
     if not names:
         return ""
-    plain, numbered, padded = [], [], {}
-    for name in names:
-        prefix = name.rstrip(_DIGITS)
-        if len(prefix) == len(name):
-            plain.append(name)
+    joined = "\n".join(names) + "\n"
+    split = _NAME.findall(joined)
+    if len(split) != len(names):  # a name holding a line break: split one by one
+        split = [(n.rstrip(_DIGITS), n[len(n.rstrip(_DIGITS)):]) for n in names]
+    plain, by_prefix = [], {}
+    for prefix, digits in split:
+        if not digits:
+            plain.append(prefix)
             continue
-        digits = name[len(prefix):]
-        numbered.append((prefix, digits))
-        if len(digits) > 1 and digits[0] == "0":
-            padded.setdefault(prefix, set()).add(len(digits))
-    bad = {p for p, _ in numbered if "[" in p or "]" in p or "," in p}
-    if bad:  # not a plain name: list such names as they are
-        plain += [p + d for p, d in numbered if p in bad]
-        numbered = [(p, d) for p, d in numbered if p not in bad]
-    groups = {}
-    for prefix, digits in numbered:
-        widths = padded.get(prefix)
-        width = len(digits) if widths and len(digits) in widths else 0
-        groups.setdefault((prefix, width), []).append(int(digits))
-    parts = [(name, name) for name in plain]
-    for (prefix, width), numbers in groups.items():
-        numbers.sort()
-        ranges, start, prev = [], numbers[0], numbers[0]
-        for number in numbers[1:]:
-            if number != prev + 1:
-                ranges.append((start, prev))
-                start = number
-            prev = number
-        ranges.append((start, prev))
-        fmt = "%%0%dd" % width if width else "%d"
-        text = ",".join(fmt % a if a == b else (fmt + "-" + fmt) % (a, b) for a, b in ranges)
-        first = prefix + fmt % numbers[0]
-        if len(numbers) == 1:
-            parts.append((first, first))
+        found = by_prefix.get(prefix)
+        if found is None:
+            by_prefix[prefix] = [digits]
         else:
+            found.append(digits)
+    parts = [(name, name) for name in plain]
+    for prefix, all_digits in by_prefix.items():
+        if "[" in prefix or "]" in prefix or "," in prefix:  # not a plain name: list as they are
+            parts += [(prefix + d, prefix + d) for d in all_digits]
+            continue
+        widths = {len(d) for d in all_digits if len(d) > 1 and d[0] == "0"}
+        if widths:
+            groups = {}
+            for digits in all_digits:
+                groups.setdefault(len(digits) if len(digits) in widths else 0, []).append(digits)
+        else:
+            groups = {0: all_digits}
+        for width, digits in groups.items():
+            numbers = sorted(map(int, digits))
+            fmt = "%%0%dd" % width if width else "%d"
+            first = prefix + fmt % numbers[0]
+            if len(numbers) == 1:
+                parts.append((first, first))
+                continue
+            if numbers[-1] - numbers[0] == len(numbers) - 1:  # one run (numbers are distinct)
+                text = (fmt + "-" + fmt) % (numbers[0], numbers[-1])
+            else:
+                ranges, start, prev = [], numbers[0], numbers[0]
+                for number in numbers[1:]:
+                    if number != prev + 1:
+                        ranges.append((start, prev))
+                        start = number
+                    prev = number
+                ranges.append((start, prev))
+                text = ",".join(fmt % a if a == b else (fmt + "-" + fmt) % (a, b) for a, b in ranges)
             parts.append((first, "%s[%s]" % (prefix, text)))
-    from .model import natural_key
     return ",".join(expr for _, expr in sorted(parts, key=lambda p: (natural_key(p[0]), p[0])))

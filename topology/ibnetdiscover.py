@@ -31,6 +31,7 @@ _DEFAULT_MARKERS = ("Mellanox Technologies", "InfiniHost", "ConnectX", "Voltaire
 _SPEED = re.compile(r"^(\d+)x([A-Z]+\d*)$")
 _BLANK_OR_COMMENT = frozenset(("", "#", " ", "\t", "\n", "\r"))
 _ATTRIBUTES = ("vendid=", "devid=", "sysimgguid=", "switchguid=", "caguid=", "routerguid=")
+_ATTRIBUTE_FIRST = frozenset(a[0] for a in _ATTRIBUTES)
 _KINDS = {"Switch": "switch", "Ca": "ca", "Rt": "router"}
 
 
@@ -71,7 +72,11 @@ def _parse_lines(lines, name):
     fabric = Fabric(name, "InfiniBand")
     nodes = fabric.nodes
     links = fabric.links
+    # Each cable is printed from both ends; the first sighting makes the Link and files it
+    # under its far end, seen[remote ident][remote port text], so that the second sighting
+    # (printed in the remote node's section) is found without parsing it further.
     seen = {}
+    current_seen = None  # seen[current]
     speeds = {}  # last word of a port line ("4xNDR") -> (width, speed)
     mismatched = 0
     current = None
@@ -84,15 +89,13 @@ def _parse_lines(lines, name):
                 skipped += 1
                 continue
             end = line.find("]")
-            key = current + "\0" + line[1:end]
+            port = line[1:end]
             last = line[line.rfind(" ") + 1:]
             width_speed = speeds.get(last)
             if width_speed is None:
                 found = _SPEED.match(last.strip())
                 width_speed = speeds[last] = (found.group(1) + "x", found.group(2)) if found else (None, None)
-            width, speed = width_speed
-            # Each cable is printed from both ends: the second sighting needs no more parsing.
-            known = seen.get(key)
+            known = current_seen.get(port)
             if known is None:
                 parts = line.split('"', 2)
                 if len(parts) < 3 or parts[2][:1] != "[":
@@ -101,22 +104,25 @@ def _parse_lines(lines, name):
                 remote, tail = parts[1], parts[2]
                 remote_port = tail[1:tail.find("]")]
                 try:
-                    link = Link(current, int(line[1:end]), remote, int(remote_port), width, speed)
+                    link = Link(current, int(port), remote, int(remote_port), width_speed[0], width_speed[1])
                 except ValueError:
                     skipped += 1
                     continue
-                seen[remote + "\0" + remote_port] = link
+                far = seen.get(remote)
+                if far is None:
+                    far = seen[remote] = {}
+                far[remote_port] = link
                 links.append(link)
-            else:
-                if (known.width, known.speed) != (width, speed):
-                    # The two ends disagree: keep the slower reading (the link runs at it).
-                    mismatched += 1
-                    if _slower(width, speed, known):
-                        known.width, known.speed = width, speed
-        elif line.startswith(_ATTRIBUTES):
+            elif known.width != width_speed[0] or known.speed != width_speed[1]:
+                # The two ends disagree: keep the slower reading (the link runs at it).
+                mismatched += 1
+                width, speed = width_speed
+                if _slower(width, speed, known):
+                    known.width, known.speed = width, speed
+        elif first in _ATTRIBUTE_FIRST and line.startswith(_ATTRIBUTES):
             continue
         elif first in _BLANK_OR_COMMENT:
-            if line.strip() == "":
+            if first == "\n" or line.strip() == "":
                 current = None
             continue
         elif line.startswith(("Switch", "Ca", "Rt")) and '"' in line:
@@ -136,11 +142,17 @@ def _parse_lines(lines, name):
                 except (ValueError, IndexError):
                     lid = None
             guid = int(ident[2:], 16) if len(ident) > 2 else None
-            if kind == "ca" and "Aggregation Node" in description:
-                sharp.add(ident)
-            host = host_from_description(description) if kind == "ca" else None
+            if kind == "ca":
+                host = host_from_description(description)
+                if "Aggregation Node" in description:
+                    sharp.add(ident)
+            else:
+                host = None
             nodes[ident] = FabricNode(ident, kind, description, int(words[1]), host, lid, guid)
             current = ident
+            current_seen = seen.get(ident)
+            if current_seen is None:
+                current_seen = seen[ident] = {}
         elif line.startswith(("Non-Chassis Nodes", "Chassis ")):
             continue
         else:

@@ -24,6 +24,7 @@ import contextlib
 import gc
 import re
 from collections import deque
+from operator import attrgetter
 
 # Per-lane data rate in Gb/s as ibstat(8) reports "Rate" (4x EDR -> 100). Source:
 # infiniband-diags ibstat/ibnetdiscover speed names; IBTA Vol. 2 link speeds.
@@ -130,6 +131,9 @@ class Link:
         """JSON-ready dict."""
         return {"a": self.a, "a_port": self.a_port, "b": self.b, "b_port": self.b_port, "width": self.width,
                 "speed": self.speed, "rate_gbps": self.rate_gbps, "count": self.count}
+
+
+_LINK_ENDS = attrgetter("a", "b")
 
 
 class SwitchTree:
@@ -239,17 +243,27 @@ class Fabric:
         sw_adj = {ident: set() for ident, node in self.nodes.items() if node.kind == "switch"}
         ca_host = {ident: node.host for ident, node in self.nodes.items() if node.kind == "ca" and node.host}
         host_adj = {}
-        for link in self.links:
-            a, b = link.a, link.b
-            if a in sw_adj:
-                if b in sw_adj:
+        get_sw, get_host = sw_adj.get, ca_host.get
+        for a, b in map(_LINK_ENDS, self.links):
+            near = get_sw(a)
+            if near is not None:
+                far = get_sw(b)
+                if far is not None:
                     if a != b:
-                        sw_adj[a].add(b)
-                        sw_adj[b].add(a)
-                elif b in ca_host:
-                    host_adj.setdefault(a, set()).add(ca_host[b])
-            elif b in sw_adj and a in ca_host:
-                host_adj.setdefault(b, set()).add(ca_host[a])
+                        near.add(b)
+                        far.add(a)
+                    continue
+                host, sw = get_host(b), a
+            elif b in sw_adj:
+                host, sw = get_host(a), b
+            else:
+                continue
+            if host is not None:
+                hosts = host_adj.get(sw)
+                if hosts is None:
+                    host_adj[sw] = {host}
+                else:
+                    hosts.add(host)
         return sw_adj, host_adj
 
     def tiers(self):
