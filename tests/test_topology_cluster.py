@@ -8,17 +8,16 @@ Slurm 22.05 has no topology/block, so block output is checked in unit tests only
 """
 
 import os
-import pwd
 import shutil
 import subprocess
 import uuid
 
 import pytest
 
+from conftest import PREFIX, Cluster, _cluster_skip_reason, _free_subnet
 from slurmbox.topology import ibnetdiscover, sandbox_hints, slurm_out
 from slurmbox.topology.model import Topology
 
-PREFIX = os.environ.get("SLURMBOX_PREFIX", "/opt/slurmbox")
 SLURMBOX = os.path.join(PREFIX, "venv", "bin", "slurmbox")
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "topology")
 RCCL_XML = os.path.join(DATA, "nccl-topo-xml", "rccl-mi300x-8gpu-xgmi-8nic-baremetal-topo_8p_940.xml.txt")
@@ -64,27 +63,11 @@ Ca\t1 "H-0c42a10300000002"\t\t# "n2 mlx5_0"
 """
 
 
-def _skip_reason():
-    if os.geteuid() != 0:
-        return "needs root (starts slurmctld/slurmd and namespaces)"
-    if not os.path.exists(os.path.join(PREFIX, "lib", "slurmbox_spank.so")):
-        return "slurmbox is not installed; run scripts/install.sh"
-    for tool in ("slurmctld", "slurmd", "runsc", "munged"):
-        if not shutil.which(tool):
-            return "%s is not installed; run scripts/install.sh" % tool
-    try:
-        pwd.getpwnam("sbxuser")
-    except KeyError:
-        return "test user sbxuser is missing; run scripts/install.sh"
-    return None
-
-
 @pytest.fixture(scope="module")
 def topo_cluster(tmp_path_factory):
-    reason = _skip_reason()
+    reason = _cluster_skip_reason()
     if reason:
         pytest.skip(reason)
-    from conftest import Cluster, _free_subnet
     from slurmbox.dev_cluster.cluster import DevCluster
 
     fabric_file = tmp_path_factory.mktemp("fabric") / "ibnetdiscover.txt"
