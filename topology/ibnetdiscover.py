@@ -71,13 +71,16 @@ def parse_lines(lines, name="ibnetdiscover"):
 def _parse_lines(lines, name):
     fabric = Fabric(name, "InfiniBand")
     nodes = fabric.nodes
-    links = fabric.links
+    rows = []  # [a, a_port, b, b_port, width, speed]: Link's arguments (see Fabric.set_link_rows)
     # Each cable is printed from both ends; the first sighting makes the Link and files it
     # under its far end, seen[remote ident][remote port text], so that the second sighting
     # (printed in the remote node's section) is found without parsing it further.
     seen = {}
     current_seen = None  # seen[current]
     speeds = {}  # last word of a port line ("4xNDR") -> (width, speed)
+    # " " + the last word of the first port line (e.g. " 4xNDR\n") and its (width, speed):
+    # most port lines end the same way.
+    common_tail, common = (), (None, None)
     mismatched = 0
     current = None
     skipped = 0
@@ -90,11 +93,16 @@ def _parse_lines(lines, name):
                 continue
             end = line.find("]")
             port = line[1:end]
-            last = line[line.rfind(" ") + 1:]
-            width_speed = speeds.get(last)
-            if width_speed is None:
-                found = _SPEED.match(last.strip())
-                width_speed = speeds[last] = (found.group(1) + "x", found.group(2)) if found else (None, None)
+            if line.endswith(common_tail):  # the usual last word: no need to cut it out
+                width_speed = common
+            else:
+                last = line[line.rfind(" ") + 1:]
+                width_speed = speeds.get(last)
+                if width_speed is None:
+                    found = _SPEED.match(last.strip())
+                    width_speed = speeds[last] = (found.group(1) + "x", found.group(2)) if found else (None, None)
+                if not common_tail:
+                    common_tail, common = " " + last, width_speed
             known = current_seen.get(port)
             if known is None:
                 parts = line.split('"', 2)
@@ -104,21 +112,23 @@ def _parse_lines(lines, name):
                 remote, tail = parts[1], parts[2]
                 remote_port = tail[1:tail.find("]")]
                 try:
-                    link = Link(current, int(port), remote, int(remote_port), width_speed[0], width_speed[1])
+                    row = [current, int(port), remote, int(remote_port), width_speed[0], width_speed[1]]
                 except ValueError:
                     skipped += 1
                     continue
                 far = seen.get(remote)
                 if far is None:
                     far = seen[remote] = {}
-                far[remote_port] = link
-                links.append(link)
-            elif known.width != width_speed[0] or known.speed != width_speed[1]:
+                far[remote_port] = row
+                rows.append(row)
+            elif width_speed is common and known[4] is common[0] and known[5] is common[1]:
+                continue
+            elif known[4] != width_speed[0] or known[5] != width_speed[1]:
                 # The two ends disagree: keep the slower reading (the link runs at it).
                 mismatched += 1
                 width, speed = width_speed
-                if _slower(width, speed, known):
-                    known.width, known.speed = width, speed
+                if _slower(width, speed, Link(*known)):
+                    known[4], known[5] = width, speed
         elif first in _ATTRIBUTE_FIRST and line.startswith(_ATTRIBUTES):
             continue
         elif first in _BLANK_OR_COMMENT:
@@ -162,14 +172,15 @@ def _parse_lines(lines, name):
     if sharp:
         for ident in sharp:
             del nodes[ident]
-        fabric.links = [lk for lk in links if lk.a not in sharp and lk.b not in sharp]
+        rows = [r for r in rows if r[0] not in sharp and r[2] not in sharp]
         fabric.warnings.append("skipped %d SHARP aggregation node(s)" % len(sharp))
     # A port line may name a node whose own section is missing (a truncated run): keep
     # the link only when both ends are known.
-    missing = [lk for lk in fabric.links if lk.a not in nodes or lk.b not in nodes]
+    missing = sum(1 for r in rows if r[0] not in nodes or r[2] not in nodes)
     if missing:
-        fabric.links = [lk for lk in fabric.links if lk.a in nodes and lk.b in nodes]
-        fabric.warnings.append("dropped %d link(s) to nodes without a section" % len(missing))
+        rows = [r for r in rows if r[0] in nodes and r[2] in nodes]
+        fabric.warnings.append("dropped %d link(s) to nodes without a section" % missing)
+    fabric.set_link_rows(rows)
     if mismatched:
         fabric.warnings.append("%d link(s) read differently from their two ends; kept the slower" % mismatched)
     if skipped:

@@ -24,7 +24,8 @@ import contextlib
 import gc
 import re
 from collections import deque
-from operator import attrgetter
+from itertools import groupby, starmap
+from operator import attrgetter, itemgetter
 
 # Per-lane data rate in Gb/s as ibstat(8) reports "Rate" (4x EDR -> 100). Source:
 # infiniband-diags ibstat/ibnetdiscover speed names; IBTA Vol. 2 link speeds.
@@ -134,6 +135,9 @@ class Link:
 
 
 _LINK_ENDS = attrgetter("a", "b")
+_ROW_ENDS = itemgetter(0, 2)
+_ROW_A, _ROW_B = itemgetter(0), itemgetter(2)
+_LINK_A, _LINK_B = attrgetter("a"), attrgetter("b")
 
 
 class SwitchTree:
@@ -190,9 +194,37 @@ class Fabric:
         self.name = name
         self.link_layer = link_layer
         self.nodes = {}
-        self.links = []
+        self._links = []
+        self._link_rows = None
         self.parents = None
         self.warnings = []
+
+    @property
+    def links(self):
+        """The fabric's Link objects (list); built on first use when a parser gave rows
+        (:meth:`set_link_rows`)."""
+        if self._link_rows is not None:
+            self._links = list(starmap(Link, self._link_rows))
+            self._link_rows = None
+        return self._links
+
+    @links.setter
+    def links(self, links):
+        self._links = links
+        self._link_rows = None
+
+    def set_link_rows(self, rows):
+        """Set the links as rows ``[a, a_port, b, b_port, width, speed]`` (Link's arguments,
+        in order); Link objects are made from them only when :attr:`links` is read, so a
+        large fabric whose links are only walked (trees, tiers) never builds them."""
+        self._link_rows = rows
+        self._links = None
+
+    def link_ends(self):
+        """Iterator of (a, b) node idents, one per link, in link order."""
+        if self._link_rows is not None:
+            return map(_ROW_ENDS, self._link_rows)
+        return map(_LINK_ENDS, self._links)
 
     # -- building -------------------------------------------------------------------
     def add_node(self, node):
@@ -243,27 +275,40 @@ class Fabric:
         sw_adj = {ident: set() for ident, node in self.nodes.items() if node.kind == "switch"}
         ca_host = {ident: node.host for ident, node in self.nodes.items() if node.kind == "ca" and node.host}
         host_adj = {}
-        get_sw, get_host = sw_adj.get, ca_host.get
-        for a, b in map(_LINK_ENDS, self.links):
-            near = get_sw(a)
+        sw_set, ca_set = set(sw_adj), set(ca_host)  # set & set walks the smaller side
+        # Links come grouped by their first end (a parser's node sections): each group is
+        # sorted into switches and CAs with set operations rather than link by link.
+        if self._link_rows is not None:
+            links, first, second = self._link_rows, _ROW_A, _ROW_B
+        else:
+            links, first, second = self._links, _LINK_A, _LINK_B
+        for a, group in groupby(links, first):
+            far = set(map(second, group))
+            near = sw_adj.get(a)
             if near is not None:
-                far = get_sw(b)
-                if far is not None:
-                    if a != b:
-                        near.add(b)
-                        far.add(a)
-                    continue
-                host, sw = get_host(b), a
-            elif b in sw_adj:
-                host, sw = get_host(a), b
+                switches = far & sw_set
+                switches.discard(a)  # a cable back to the same switch
+                if switches:
+                    near |= switches
+                    for b in switches:
+                        sw_adj[b].add(a)
+                if len(switches) < len(far):
+                    hosts = {ca_host[b] for b in far & ca_set}
+                    if hosts:
+                        known = host_adj.get(a)
+                        if known is None:
+                            host_adj[a] = hosts
+                        else:
+                            known |= hosts
             else:
-                continue
-            if host is not None:
-                hosts = host_adj.get(sw)
-                if hosts is None:
-                    host_adj[sw] = {host}
-                else:
-                    hosts.add(host)
+                host = ca_host.get(a)
+                if host is not None:
+                    for b in far & sw_set:
+                        known = host_adj.get(b)
+                        if known is None:
+                            host_adj[b] = {host}
+                        else:
+                            known.add(host)
         return sw_adj, host_adj
 
     def tiers(self):
@@ -300,11 +345,12 @@ class Fabric:
             while queue:
                 sw = queue.popleft()
                 order.append(sw)
-                for nb in sorted(sw_adj[sw], key=rank.__getitem__):
-                    if nb not in seen:
-                        seen.add(nb)
-                        children.setdefault(sw, []).append(nb)
-                        queue.append(nb)
+                kids = sw_adj[sw].difference(seen)
+                if kids:
+                    kids = sorted(kids, key=rank.__getitem__)
+                    seen.update(kids)
+                    children[sw] = kids
+                    queue.extend(kids)
             trees.append(_prune_tree(start, children, host_adj, tier, order))
         trees = [t for t in trees if t is not None]
         _dedupe_hosts(trees)
@@ -326,10 +372,10 @@ def _tiers(sw_adj, host_adj):
             queue.append(sw)
     while queue:
         sw = queue.popleft()
-        for nb in sw_adj[sw]:
-            if nb not in tier:
-                tier[nb] = tier[sw] + 1
-                queue.append(nb)
+        up = tier[sw] + 1
+        for nb in sw_adj[sw].difference(tier):
+            tier[nb] = up
+            queue.append(nb)
     return tier
 
 
