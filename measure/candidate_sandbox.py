@@ -40,6 +40,19 @@ LOG_LIMIT = 64 * 1024
 NOBODY = 65534
 
 
+class _TeardownGuard:
+    """Holds SIGTERM back while a teardown runs (it is delivered, and may end the harness,
+    right after), so a termination can never leave half a sandbox behind."""
+
+    def __enter__(self):
+        import signal
+        self.previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+
+    def __exit__(self, *exc):
+        import signal
+        signal.pthread_sigmask(signal.SIG_SETMASK, self.previous)
+
+
 class SandboxStartError(RuntimeError):
     """The candidate's sandbox (or process) did not come up; the message says why and shows its log."""
 
@@ -317,6 +330,10 @@ class SandboxedCandidate(_Candidate):
 
     def stop(self):
         """Close the channel, end the container (runsc kill/delete), remove the staging directory."""
+        with _TeardownGuard():
+            self._stop()
+
+    def _stop(self):
         self._close_channel()
         if self.proc is not None:
             try:
@@ -372,6 +389,10 @@ class BareCandidate(_Candidate):
 
     def stop(self):
         """Close the channel, kill everything left in the cgroup, remove cgroup and staging directory."""
+        with _TeardownGuard():
+            self._stop()
+
+    def _stop(self):
         self._close_channel()
         if self.proc is not None:
             try:

@@ -114,6 +114,10 @@ class SlurmStepCandidate(cs._Candidate):
 
     def stop(self):
         """Close the channel (the step ends), wait for srun, remove the stage directory."""
+        with cs._TeardownGuard():
+            self._stop()
+
+    def _stop(self):
         if self.conn is not None:
             try:
                 self.conn.settimeout(2)
