@@ -62,13 +62,15 @@ def compress(names):
         if "[" in prefix or "]" in prefix or "," in prefix:  # not a plain name: list as they are
             parts += [(prefix + d, prefix + d) for d in all_digits]
             continue
-        widths = {len(d) for d in all_digits if len(d) > 1 and d[0] == "0"}
-        if widths:
+        lengths = set(map(len, all_digits))
+        if len(lengths) == 1:  # one digit count (the usual case): padded when any starts with "0"
+            length = lengths.pop()
+            groups = {length if length > 1 and min(all_digits)[0] == "0" else 0: all_digits}
+        else:
+            widths = {len(d) for d in all_digits if len(d) > 1 and d[0] == "0"}
             groups = {}
             for digits in all_digits:
                 groups.setdefault(len(digits) if len(digits) in widths else 0, []).append(digits)
-        else:
-            groups = {0: all_digits}
         for width, digits in groups.items():
             numbers = sorted(map(int, digits))
             fmt = "%%0%dd" % width if width else "%d"
@@ -88,4 +90,6 @@ def compress(names):
                 ranges.append((start, prev))
                 text = ",".join(fmt % a if a == b else (fmt + "-" + fmt) % (a, b) for a, b in ranges)
             parts.append((first, "%s[%s]" % (prefix, text)))
+    if len(parts) == 1:
+        return parts[0][1]
     return ",".join(expr for _, expr in sorted(parts, key=lambda p: (natural_key(p[0]), p[0])))

@@ -48,10 +48,10 @@ def host_from_description(description):
     description = description.strip()
     if not description or (description[:2] == "MT" and description[2:3].isdigit()):
         return None
-    for marker in _DEFAULT_MARKERS:
-        if marker in description:
-            return None
-    return description.split()[0]
+    if ("Mellanox Technologies" in description or "InfiniHost" in description or "ConnectX" in description
+            or "Voltaire" in description):  # _DEFAULT_MARKERS, spelt out: this runs once per HCA
+        return None
+    return description.split(None, 1)[0]
 
 
 def parse(text, name="ibnetdiscover"):
@@ -85,6 +85,7 @@ def _parse_lines(lines, name):
     current = None
     skipped = 0
     sharp = set()
+    headers = {}  # text before a header's first quote -> (kind, port count)
     for line in lines:
         first = line[:1]
         if first == "[":
@@ -137,11 +138,16 @@ def _parse_lines(lines, name):
             continue
         elif line.startswith(("Switch", "Ca", "Rt")) and '"' in line:
             parts = line.split('"')
-            words = parts[0].split()
-            kind = _KINDS.get(words[0])
-            if kind is None or len(words) < 2:
-                skipped += 1
-                continue
+            # "Switch\t36 " -> ("switch", 36); the same few texts repeat on every header.
+            kind_ports = headers.get(parts[0])
+            if kind_ports is None:
+                words = parts[0].split()
+                kind = _KINDS.get(words[0])
+                if kind is None or len(words) < 2:
+                    skipped += 1
+                    continue
+                kind_ports = headers[parts[0]] = (kind, int(words[1]))
+            kind = kind_ports[0]
             ident = parts[1]
             description = parts[3] if len(parts) > 3 else ""
             rest = parts[4] if len(parts) > 4 else ""
@@ -158,7 +164,7 @@ def _parse_lines(lines, name):
                     sharp.add(ident)
             else:
                 host = None
-            nodes[ident] = FabricNode(ident, kind, description, int(words[1]), host, lid, guid)
+            nodes[ident] = FabricNode(ident, kind, description, kind_ports[1], host, lid, guid)
             current = ident
             current_seen = seen.get(ident)
             if current_seen is None:
