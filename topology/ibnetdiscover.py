@@ -71,7 +71,9 @@ def parse_lines(lines, name="ibnetdiscover"):
 def _parse_lines(lines, name):
     fabric = Fabric(name, "InfiniBand")
     nodes = fabric.nodes
-    rows = []  # [a, a_port, b, b_port, width, speed]: Link's arguments (see Fabric.set_link_rows)
+    # (a, a_port, b, b_port, width, speed): Link's arguments (see Fabric.set_link_rows). Tuples
+    # of str and int, unlike Link objects, are soon untracked by the cyclic garbage collector.
+    rows = []
     # Each cable is printed from both ends; the first sighting makes the Link and files it
     # under its far end, seen[remote ident][remote port text], so that the second sighting
     # (printed in the remote node's section) is found without parsing it further.
@@ -104,7 +106,7 @@ def _parse_lines(lines, name):
                     width_speed = speeds[last] = (found.group(1) + "x", found.group(2)) if found else (None, None)
                 if not common_tail:
                     common_tail, common = " " + last, width_speed
-            known = current_seen.get(port)
+            known = current_seen.get(port)  # index in rows of the cable's first sighting
             if known is None:
                 parts = line.split('"', 2)
                 if len(parts) < 3 or parts[2][:1] != "[":
@@ -113,23 +115,25 @@ def _parse_lines(lines, name):
                 remote, tail = parts[1], parts[2]
                 remote_port = tail[1:tail.find("]")]
                 try:
-                    row = [current, int(port), remote, int(remote_port), width_speed[0], width_speed[1]]
+                    row = (current, int(port), remote, int(remote_port), width_speed[0], width_speed[1])
                 except ValueError:
                     skipped += 1
                     continue
                 far = seen.get(remote)
                 if far is None:
                     far = seen[remote] = {}
-                far[remote_port] = row
+                far[remote_port] = len(rows)
                 rows.append(row)
-            elif width_speed is common and known[4] is common[0] and known[5] is common[1]:
-                continue
-            elif known[4] != width_speed[0] or known[5] != width_speed[1]:
-                # The two ends disagree: keep the slower reading (the link runs at it).
-                mismatched += 1
-                width, speed = width_speed
-                if _slower(width, speed, Link(*known)):
-                    known[4], known[5] = width, speed
+            else:
+                row = rows[known]
+                if width_speed is common and row[4] is common[0] and row[5] is common[1]:
+                    continue
+                if row[4] != width_speed[0] or row[5] != width_speed[1]:
+                    # The two ends disagree: keep the slower reading (the link runs at it).
+                    mismatched += 1
+                    width, speed = width_speed
+                    if _slower(width, speed, Link(*row)):
+                        rows[known] = row[:4] + (width, speed)
         elif first in _ATTRIBUTE_FIRST and line.startswith(_ATTRIBUTES):
             continue
         elif first in _BLANK_OR_COMMENT:

@@ -214,7 +214,7 @@ class Fabric:
         self._link_rows = None
 
     def set_link_rows(self, rows):
-        """Set the links as rows ``[a, a_port, b, b_port, width, speed]`` (Link's arguments,
+        """Set the links as rows ``(a, a_port, b, b_port, width, speed)`` (Link's arguments,
         in order); Link objects are made from them only when :attr:`links` is read, so a
         large fabric whose links are only walked (trees, tiers) never builds them."""
         self._link_rows = rows
