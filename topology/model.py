@@ -35,6 +35,7 @@ LANE_GBPS = {"SDR": 2.5, "DDR": 5.0, "QDR": 10.0, "FDR10": 10.0, "FDR": 14.0, "E
 # PCIe/interconnect path levels, nearest first (nvidia-smi topo -m legend).
 PCI_LEVELS = ("PIX", "PXB", "PHB", "NODE", "SYS")
 _NV_RE = re.compile(r"^NV(\d+)$")
+_NUMBERS = re.compile(r"(\d+)")
 
 
 @contextlib.contextmanager
@@ -53,7 +54,7 @@ def no_gc():
 
 def natural_key(name):
     """Sort key that orders embedded numbers by value ("s9" before "s10")."""
-    key = [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", name)]
+    key = [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in _NUMBERS.split(name)]
     key.append((2, 0, name))  # "n1" and "n01" tie on numbers: the text decides, so order is total
     return key
 
@@ -293,7 +294,7 @@ class Fabric:
                     for b in switches:
                         sw_adj[b].add(a)
                 if len(switches) < len(far):
-                    hosts = {ca_host[b] for b in far & ca_set}
+                    hosts = set(map(ca_host.__getitem__, far & ca_set))
                     if hosts:
                         known = host_adj.get(a)
                         if known is None:

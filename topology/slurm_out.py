@@ -58,7 +58,10 @@ def tree_lines(topo):
     any_tree = False
     for index, fabric in enumerate(topo.fabrics):
         for tree in fabric.trees():
-            hosts = {sw: [h for h in hs if h not in seen_hosts] for sw, hs in tree.hosts.items()}
+            if seen_hosts:
+                hosts = {sw: [h for h in hs if h not in seen_hosts] for sw, hs in tree.hosts.items()}
+            else:  # the first tree: nothing to drop
+                hosts = dict(tree.hosts)
             for hs in hosts.values():
                 seen_hosts.update(hs)
             if not any(hosts.values()):
