@@ -205,7 +205,8 @@ class Fabric:
         """The fabric's Link objects (list); built on first use when a parser gave rows
         (:meth:`set_link_rows`)."""
         if self._link_rows is not None:
-            self._links = list(starmap(Link, self._link_rows))
+            with no_gc():
+                self._links = list(starmap(Link, self._link_rows))
             self._link_rows = None
         return self._links
 
