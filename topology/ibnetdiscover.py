@@ -74,9 +74,9 @@ def _parse_lines(lines, name):
     # (a, a_port, b, b_port, width, speed): Link's arguments (see Fabric.set_link_rows). Tuples
     # of str and int, unlike Link objects, are soon untracked by the cyclic garbage collector.
     rows = []
-    # Each cable is printed from both ends; the first sighting makes the Link and files it
-    # under its far end, seen[remote ident][remote port text], so that the second sighting
-    # (printed in the remote node's section) is found without parsing it further.
+    # Each cable is printed from both ends; the first sighting makes the row and files its
+    # index under the far end, seen[remote ident][remote port text], so that the second
+    # sighting (printed in the remote node's section) is found without parsing it further.
     seen = {}
     current_seen = None  # seen[current]
     speeds = {}  # last word of a port line ("4xNDR") -> (width, speed)
