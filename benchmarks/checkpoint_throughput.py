@@ -33,7 +33,7 @@ import tempfile
 import time
 
 HOLDER = ("import random, sys, time\n"
-          "data = random.randbytes(int(sys.argv[1]) << 20)\n"
+          "data = [random.randbytes(1 << 20) for _ in range(int(sys.argv[1]))]\n"
           "print('ready', flush=True)\n"
           "time.sleep(3600)\n")
 
@@ -233,7 +233,7 @@ def downtime(slurm_conf, runs):
                 start = time.monotonic()
                 if how == "preemption":
                     blocker = as_user("sbatch", "--parsable", "-p", "ondemand", "-w", node, "--exclusive", "-o",
-                                      "/dev/null", "--wrap", "sleep 1")
+                                      "/dev/null", "--wrap", "sleep 300")
                 else:
                     blocker = None
                     subprocess.run(["slurmbox", "migrate", "--node", node, "--slurm-conf", slurm_conf],
@@ -256,18 +256,41 @@ def downtime(slurm_conf, runs):
                   statistics.median(p for _, p in v)} for how, v in results.items() if v}
 
 
+_LOCKS = []
+
+
+def free_subnet():
+    """A dev-cluster subnet no bridge uses and no other session has locked (lock held until exit)."""
+    import fcntl
+
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    for number in range(200, 250):
+        if " sbx%dbr" % number in links:
+            continue
+        lock = open("/run/lock/slurmbox-dev-subnet-%d.lock" % number, "w")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.close()
+            continue
+        _LOCKS.append(lock)
+        return number
+    raise RuntimeError("no free dev-cluster subnet")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[64, 256, 1024], help="MB of touched memory")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--dir", default="/var/tmp", help="file system for the store and the plain file")
     parser.add_argument("--no-cluster", action="store_true", help="skip the preemption downtime part")
+    parser.add_argument("--no-throughput", action="store_true", help="skip the throughput part")
     parser.add_argument("--slurm-conf", help="use this running dev cluster (else one is started)")
     parser.add_argument("--json", help="also write the results to this file")
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root (runsc checkpoint/restore and the dev cluster need it)")
-    results = {"throughput": throughput(args.sizes, args.runs, args.dir)}
+    results = {} if args.no_throughput else {"throughput": throughput(args.sizes, args.runs, args.dir)}
     if not args.no_cluster:
         cluster = None
         conf = args.slurm_conf
@@ -275,7 +298,7 @@ def main():
             from slurmbox.dev_cluster.cluster import DevCluster
             directory = tempfile.mkdtemp(prefix="sbxbench-", dir="/tmp")
             os.rmdir(directory)
-            cluster = DevCluster(directory, nodes=2, gpus_per_node=0, subnet=12)
+            cluster = DevCluster(directory, nodes=2, gpus_per_node=0, subnet=free_subnet())
             conf = cluster.up()
         try:
             results["downtime"] = downtime(conf, args.runs)
