@@ -30,8 +30,9 @@ from .model import Fabric, FabricNode, Link, TopologyError, no_gc
 _DEFAULT_MARKERS = ("Mellanox Technologies", "InfiniHost", "ConnectX", "Voltaire")
 _SPEED = re.compile(r"^(\d+)x([A-Z]+\d*)$")
 _BLANK_OR_COMMENT = frozenset(("", "#", " ", "\t", "\n", "\r"))
-_ATTRIBUTES = ("vendid=", "devid=", "sysimgguid=", "switchguid=", "caguid=", "routerguid=")
-_ATTRIBUTE_FIRST = frozenset(a[0] for a in _ATTRIBUTES)
+# Attribute lines ("vendid=0x2c9"), by first character: one startswith test per line.
+_ATTRIBUTES = {"v": "vendid=", "d": "devid=", "s": ("sysimgguid=", "switchguid="), "c": "caguid=",
+               "r": "routerguid="}
 _KINDS = {"Switch": "switch", "Ca": "ca", "Rt": "router"}
 
 
@@ -54,6 +55,19 @@ def host_from_description(description):
     return description.split(None, 1)[0]
 
 
+def _build_node(ident, row):
+    """The FabricNode of a node row (see _parse_lines); its LID is read from the header's
+    text after the description only now."""
+    kind, host, description, ports, rest, guid = row
+    lid = None
+    if " lid " in rest:
+        try:
+            lid = int(rest.split(" lid ", 1)[1].split()[0])
+        except (ValueError, IndexError):
+            lid = None
+    return FabricNode(ident, kind, description, ports, host, lid, guid)
+
+
 def parse(text, name="ibnetdiscover"):
     """Parse ibnetdiscover ``text`` (str) into a Fabric named ``name``.
 
@@ -70,7 +84,10 @@ def parse_lines(lines, name="ibnetdiscover"):
 
 def _parse_lines(lines, name):
     fabric = Fabric(name, "InfiniBand")
-    nodes = fabric.nodes
+    # ident -> (kind, host, description, port count, header text after the description, guid):
+    # FabricNode objects are made from these rows on first use of Fabric.nodes
+    # (Fabric.set_node_rows; _build_node), which writing a tree never needs for CAs.
+    nodes = {}
     # (a, a_port, b, b_port, width, speed): Link's arguments (see Fabric.set_link_rows). Tuples
     # of str and int, unlike Link objects, are soon untracked by the cyclic garbage collector.
     rows = []
@@ -134,7 +151,7 @@ def _parse_lines(lines, name):
                     width, speed = width_speed
                     if _slower(width, speed, Link(*row)):
                         rows[known] = row[:4] + (width, speed)
-        elif first in _ATTRIBUTE_FIRST and line.startswith(_ATTRIBUTES):
+        elif first in _ATTRIBUTES and line.startswith(_ATTRIBUTES[first]):
             continue
         elif first in _BLANK_OR_COMMENT:
             if first == "\n" or line.strip() == "":
@@ -154,13 +171,7 @@ def _parse_lines(lines, name):
             kind = kind_ports[0]
             ident = parts[1]
             description = parts[3] if len(parts) > 3 else ""
-            rest = parts[4] if len(parts) > 4 else ""
-            lid = None
-            if " lid " in rest:
-                try:
-                    lid = int(rest.split(" lid ", 1)[1].split()[0])
-                except (ValueError, IndexError):
-                    lid = None
+            # Read now, not in _build_node: a malformed GUID fails the parse, as it always has.
             guid = int(ident[2:], 16) if len(ident) > 2 else None
             if kind == "ca":
                 host = host_from_description(description)
@@ -168,7 +179,7 @@ def _parse_lines(lines, name):
                     sharp.add(ident)
             else:
                 host = None
-            nodes[ident] = FabricNode(ident, kind, description, kind_ports[1], host, lid, guid)
+            nodes[ident] = (kind, host, description, kind_ports[1], parts[4] if len(parts) > 4 else "", guid)
             current = ident
             current_seen = seen.get(ident)
             if current_seen is None:
@@ -190,6 +201,7 @@ def _parse_lines(lines, name):
     if missing:
         rows = [r for r in rows if r[0] in nodes and r[2] in nodes]
         fabric.warnings.append("dropped %d link(s) to nodes without a section" % missing)
+    fabric.set_node_rows(nodes, _build_node)
     fabric.set_link_rows(rows)
     if mismatched:
         fabric.warnings.append("%d link(s) read differently from their two ends; kept the slower" % mismatched)

@@ -194,11 +194,57 @@ class Fabric:
     def __init__(self, name="", link_layer="InfiniBand"):
         self.name = name
         self.link_layer = link_layer
-        self.nodes = {}
+        self._nodes = {}
+        self._node_rows = None  # {ident: row} while FabricNode objects are not built (set_node_rows)
+        self._build_node = None
+        self._switch_nodes = {}  # switches built on their own before all nodes were (switches())
         self._links = []
         self._link_rows = None
         self.parents = None
         self.warnings = []
+
+    # -- deferred objects ----------------------------------------------------------------
+    # A parser of a large fabric (ibnetdiscover) gives nodes and links as compact rows;
+    # FabricNode and Link objects are made from them only when ``nodes``/``links`` is first
+    # read. Writing Slurm's topology/tree needs only node kinds, CA hosts and the link ends,
+    # which the views below read straight from the rows: on a 16,384-host fat tree this
+    # skips making ~17,700 node and ~49,000 link objects (benchmarks/topology_fat_tree.py).
+
+    @property
+    def nodes(self):
+        """Node ident -> FabricNode (dict, in source order); built on first use when a
+        parser gave rows (:meth:`set_node_rows`). Once built, the objects are the model."""
+        if self._node_rows is not None:
+            rows, build, built = self._node_rows, self._build_node, self._switch_nodes
+            with no_gc():
+                self._nodes = {ident: built[ident] if ident in built else build(ident, row)
+                               for ident, row in rows.items()}
+            self._node_rows = self._build_node = None
+            self._switch_nodes = {}
+        return self._nodes
+
+    @nodes.setter
+    def nodes(self, nodes):
+        self._nodes = nodes
+        self._node_rows = self._build_node = None
+        self._switch_nodes = {}
+
+    def set_node_rows(self, rows, build):
+        """Set the nodes as rows: ``rows`` is ``{ident: row}`` in source order, each row a
+        tuple whose first two items are the node's ``kind`` and ``host`` (None when
+        unknown); ``build(ident, row)`` makes the row's FabricNode. Views that need only
+        kinds and hosts (:meth:`hosts`, :meth:`trees`, :meth:`tiers`) read the rows;
+        :meth:`switches` builds the switch nodes alone; anything else builds all nodes."""
+        self._nodes = None
+        self._node_rows = rows
+        self._build_node = build
+        self._switch_nodes = {}
+
+    def _kinds_hosts(self):
+        """Iterator of (ident, kind, host) of every node, from the rows while there are."""
+        if self._node_rows is not None:
+            return ((ident, row[0], row[1]) for ident, row in self._node_rows.items())
+        return ((ident, node.kind, node.host) for ident, node in self._nodes.items())
 
     @property
     def links(self):
@@ -245,6 +291,8 @@ class Fabric:
         node's ``ibstat``/pyverbs data. Returns the number of CAs mapped.
         """
         mapped = 0
+        if not guid_to_host:  # nothing to map: the nodes need not be built
+            return mapped
         for node in self.nodes.values():
             if node.kind == "ca" and node.host is None and node.guid is not None and node.guid in guid_to_host:
                 node.host = guid_to_host[node.guid]
@@ -253,8 +301,15 @@ class Fabric:
 
     # -- views ----------------------------------------------------------------------
     def switches(self):
-        """Switch nodes, sorted by ident."""
-        return sorted((n for n in self.nodes.values() if n.kind == "switch"), key=lambda n: n.ident)
+        """Switch nodes, sorted by ident. While the nodes are rows, only the switches are
+        built (and kept, so that later reads, :attr:`nodes` included, give the same objects)."""
+        if self._node_rows is not None:
+            rows, built = self._node_rows, self._switch_nodes
+            for ident in sorted(ident for ident, row in rows.items() if row[0] == "switch"):
+                if ident not in built:
+                    built[ident] = self._build_node(ident, rows[ident])
+            return sorted(built.values(), key=lambda n: n.ident)
+        return sorted((n for n in self._nodes.values() if n.kind == "switch"), key=lambda n: n.ident)
 
     def cas(self):
         """Channel adapter nodes, sorted by ident."""
@@ -263,9 +318,9 @@ class Fabric:
     def hosts(self):
         """Host name -> sorted idents of its CAs."""
         hosts = {}
-        for node in self.nodes.values():
-            if node.kind == "ca" and node.host:
-                hosts.setdefault(node.host, []).append(node.ident)
+        for ident, kind, host in self._kinds_hosts():
+            if kind == "ca" and host:
+                hosts.setdefault(host, []).append(ident)
         return {h: sorted(v) for h, v in sorted(hosts.items())}
 
     def unmapped_cas(self):
@@ -274,8 +329,12 @@ class Fabric:
 
     def _adjacency(self):
         """(switch -> set of neighbour switches, switch -> set of hosts cabled to it)."""
-        sw_adj = {ident: set() for ident, node in self.nodes.items() if node.kind == "switch"}
-        ca_host = {ident: node.host for ident, node in self.nodes.items() if node.kind == "ca" and node.host}
+        sw_adj, ca_host = {}, {}
+        for ident, kind, host in self._kinds_hosts():
+            if kind == "switch":
+                sw_adj[ident] = set()
+            elif kind == "ca" and host:
+                ca_host[ident] = host
         host_adj = {}
         sw_set, ca_set = set(sw_adj), set(ca_host)  # set & set walks the smaller side
         # Links come grouped by their first end (a parser's node sections): each group is

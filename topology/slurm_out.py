@@ -57,6 +57,8 @@ def tree_lines(topo):
     seen_hosts = set()
     any_tree = False
     for index, fabric in enumerate(topo.fabrics):
+        # The switches alone: a parser's rows need not all become FabricNode objects.
+        switch_nodes = {node.ident: node for node in fabric.switches()}
         for tree in fabric.trees():
             if seen_hosts:
                 hosts = {sw: [h for h in hs if h not in seen_hosts] for sw, hs in tree.hosts.items()}
@@ -69,7 +71,9 @@ def tree_lines(topo):
             any_tree = True
             lines.append("# fabric %s, root %s" % (os.path.basename(fabric.name), names[(index, tree.root)]))
             for sw in tree.switches():
-                node = fabric.nodes[sw]
+                node = switch_nodes.get(sw)
+                if node is None:  # not a switch (a Slurm file may name one in Switches=)
+                    node = fabric.nodes[sw]
                 name = names[(index, sw)]
                 comment = "# %s tier %d" % (name, tree.tier.get(sw, 0))
                 if node.description and node.description != name:
