@@ -9,7 +9,9 @@ bracket groups (``r[0-1]n[0-31]``); this one writes one bracket group per name p
 expansion in the tests.
 """
 
+import os
 import re
+from operator import itemgetter
 
 import hostlist as _hostlist
 
@@ -34,6 +36,19 @@ _DIGITS = "0123456789"
 _NAME = re.compile(r"([^\n]*?)([0-9]*)\n")
 
 
+def _one_prefix(names):
+    """``{prefix: [digit strings]}`` when every name (a set of str) is one prefix followed by
+    ASCII digits, as a leaf switch's hosts usually are (``gpu00001``..``gpu00032``), else
+    None. The same split as the general path of :func:`compress`, without a loop per name
+    in Python (writing a large fabric's tree compresses 16,384 names)."""
+    prefix = os.path.commonprefix(list(names)).rstrip(_DIGITS)
+    digits = list(map(itemgetter(slice(len(prefix), None)), names))
+    joined = "".join(digits)
+    if "" in digits or not (joined.isascii() and joined.isdigit()):
+        return None
+    return {prefix: digits}
+
+
 def compress(names):
     """Host names (iterable of str) -> one hostlist expression, sorted and deterministic.
 
@@ -43,20 +58,22 @@ def compress(names):
     names = set(names)
     if not names:
         return ""
-    joined = "\n".join(names) + "\n"
-    split = _NAME.findall(joined)
-    if len(split) != len(names):  # a name holding a line break: split one by one
-        split = [(n.rstrip(_DIGITS), n[len(n.rstrip(_DIGITS)):]) for n in names]
-    plain, by_prefix = [], {}
-    for prefix, digits in split:
-        if not digits:
-            plain.append(prefix)
-            continue
-        found = by_prefix.get(prefix)
-        if found is None:
-            by_prefix[prefix] = [digits]
-        else:
-            found.append(digits)
+    plain, by_prefix = [], _one_prefix(names)
+    if by_prefix is None:
+        by_prefix = {}
+        joined = "\n".join(names) + "\n"
+        split = _NAME.findall(joined)
+        if len(split) != len(names):  # a name holding a line break: split one by one
+            split = [(n.rstrip(_DIGITS), n[len(n.rstrip(_DIGITS)):]) for n in names]
+        for prefix, digits in split:
+            if not digits:
+                plain.append(prefix)
+                continue
+            found = by_prefix.get(prefix)
+            if found is None:
+                by_prefix[prefix] = [digits]
+            else:
+                found.append(digits)
     parts = [(name, name) for name in plain]
     for prefix, all_digits in by_prefix.items():
         if "[" in prefix or "]" in prefix or "," in prefix:  # not a plain name: list as they are

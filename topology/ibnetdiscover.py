@@ -88,14 +88,18 @@ def _parse_lines(lines, name):
     # FabricNode objects are made from these rows on first use of Fabric.nodes
     # (Fabric.set_node_rows; _build_node), which writing a tree never needs for CAs.
     nodes = {}
-    # (a, a_port, b, b_port, width, speed): Link's arguments (see Fabric.set_link_rows). Tuples
-    # of str and int, unlike Link objects, are soon untracked by the cyclic garbage collector.
+    # (a, a_port, b, b_port, (width, speed)) (see Fabric.set_link_rows). Tuples of str and
+    # int, unlike Link objects, are soon untracked by the cyclic garbage collector. Port
+    # lines ending alike share one (width, speed) tuple (``speeds``), so that the second
+    # sighting of a cable is usually settled by one identity test.
     rows = []
     # Each cable is printed from both ends; the first sighting makes the row and files its
-    # index under the far end, seen[remote ident][remote port text], so that the second
+    # index under the far end, seen[remote ident][0][remote port text], so that the second
     # sighting (printed in the remote node's section) is found without parsing it further.
+    # seen[ident][1] is the first text of that ident: rows share it rather than each
+    # keeping its own copy (less memory to fill on a large fabric).
     seen = {}
-    current_seen = None  # seen[current]
+    current_seen = None  # seen[current][0]
     speeds = {}  # last word of a port line ("4xNDR") -> (width, speed)
     # " " + the last word of the first port line (e.g. " 4xNDR\n") and its (width, speed):
     # most port lines end the same way.
@@ -131,26 +135,26 @@ def _parse_lines(lines, name):
                     continue
                 remote, tail = parts[1], parts[2]
                 remote_port = tail[1:tail.find("]")]
+                far = seen.get(remote)
+                if far is None:
+                    far = seen[remote] = ({}, remote)
                 try:
-                    row = (current, int(port), remote, int(remote_port), width_speed[0], width_speed[1])
+                    row = (current, int(port), far[1], int(remote_port), width_speed)
                 except ValueError:
                     skipped += 1
                     continue
-                far = seen.get(remote)
-                if far is None:
-                    far = seen[remote] = {}
-                far[remote_port] = len(rows)
+                far[0][remote_port] = len(rows)
                 rows.append(row)
             else:
                 row = rows[known]
-                if width_speed is common and row[4] is common[0] and row[5] is common[1]:
+                if row[4] is width_speed:  # read the same at both ends (the usual case)
                     continue
-                if row[4] != width_speed[0] or row[5] != width_speed[1]:
+                if row[4] != width_speed:
                     # The two ends disagree: keep the slower reading (the link runs at it).
                     mismatched += 1
                     width, speed = width_speed
-                    if _slower(width, speed, Link(*row)):
-                        rows[known] = row[:4] + (width, speed)
+                    if _slower(width, speed, Link(*row[:4], *row[4])):
+                        rows[known] = row[:4] + (width_speed,)
         elif first in _ATTRIBUTES and line.startswith(_ATTRIBUTES[first]):
             continue
         elif first in _BLANK_OR_COMMENT:
@@ -180,10 +184,10 @@ def _parse_lines(lines, name):
             else:
                 host = None
             nodes[ident] = (kind, host, description, kind_ports[1], parts[4] if len(parts) > 4 else "", guid)
-            current = ident
-            current_seen = seen.get(ident)
-            if current_seen is None:
-                current_seen = seen[ident] = {}
+            known = seen.get(ident)
+            if known is None:
+                known = seen[ident] = ({}, ident)
+            current_seen, current = known
         elif line.startswith(("Non-Chassis Nodes", "Chassis ")):
             continue
         else:
@@ -196,8 +200,11 @@ def _parse_lines(lines, name):
         rows = [r for r in rows if r[0] not in sharp and r[2] not in sharp]
         fabric.warnings.append("skipped %d SHARP aggregation node(s)" % len(sharp))
     # A port line may name a node whose own section is missing (a truncated run): keep
-    # the link only when both ends are known.
-    missing = sum(1 for r in rows if r[0] not in nodes or r[2] not in nodes)
+    # the link only when both ends are known. Both ends of every row are keys of ``seen``,
+    # so when all of those have a section (the usual case) no row needs looking at.
+    missing = 0
+    if not seen.keys() <= nodes.keys() | sharp:
+        missing = sum(1 for r in rows if r[0] not in nodes or r[2] not in nodes)
     if missing:
         rows = [r for r in rows if r[0] in nodes and r[2] in nodes]
         fabric.warnings.append("dropped %d link(s) to nodes without a section" % missing)

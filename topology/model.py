@@ -24,7 +24,7 @@ import contextlib
 import gc
 import re
 from collections import deque
-from itertools import groupby, starmap
+from itertools import groupby
 from operator import attrgetter, itemgetter
 
 # Per-lane data rate in Gb/s as ibstat(8) reports "Rate" (4x EDR -> 100). Source:
@@ -198,6 +198,7 @@ class Fabric:
         self._node_rows = None  # {ident: row} while FabricNode objects are not built (set_node_rows)
         self._build_node = None
         self._switch_nodes = {}  # switches built on their own before all nodes were (switches())
+        self._row_views = None  # (switch idents, {CA ident: host}) of the rows, once computed
         self._links = []
         self._link_rows = None
         self.parents = None
@@ -219,14 +220,14 @@ class Fabric:
             with no_gc():
                 self._nodes = {ident: built[ident] if ident in built else build(ident, row)
                                for ident, row in rows.items()}
-            self._node_rows = self._build_node = None
+            self._node_rows = self._build_node = self._row_views = None
             self._switch_nodes = {}
         return self._nodes
 
     @nodes.setter
     def nodes(self, nodes):
         self._nodes = nodes
-        self._node_rows = self._build_node = None
+        self._node_rows = self._build_node = self._row_views = None
         self._switch_nodes = {}
 
     def set_node_rows(self, rows, build):
@@ -239,12 +240,22 @@ class Fabric:
         self._node_rows = rows
         self._build_node = build
         self._switch_nodes = {}
+        self._row_views = None
 
-    def _kinds_hosts(self):
-        """Iterator of (ident, kind, host) of every node, from the rows while there are."""
+    def _switches_and_hosts(self):
+        """(switch idents in node order, {CA ident: host} for CAs whose host is known).
+
+        From the rows while there are (computed once: rows do not change), else from the
+        node objects (which callers may have changed since the last call)."""
         if self._node_rows is not None:
-            return ((ident, row[0], row[1]) for ident, row in self._node_rows.items())
-        return ((ident, node.kind, node.host) for ident, node in self._nodes.items())
+            if self._row_views is None:
+                rows = self._node_rows
+                self._row_views = ([ident for ident, row in rows.items() if row[0] == "switch"],
+                                   {ident: row[1] for ident, row in rows.items() if row[0] == "ca" and row[1]})
+            return self._row_views
+        nodes = self._nodes
+        return ([ident for ident, node in nodes.items() if node.kind == "switch"],
+                {ident: node.host for ident, node in nodes.items() if node.kind == "ca" and node.host})
 
     @property
     def links(self):
@@ -252,7 +263,8 @@ class Fabric:
         (:meth:`set_link_rows`)."""
         if self._link_rows is not None:
             with no_gc():
-                self._links = list(starmap(Link, self._link_rows))
+                self._links = [Link(a, a_port, b, b_port, width, speed)
+                               for a, a_port, b, b_port, (width, speed) in self._link_rows]
             self._link_rows = None
         return self._links
 
@@ -262,9 +274,10 @@ class Fabric:
         self._link_rows = None
 
     def set_link_rows(self, rows):
-        """Set the links as rows ``(a, a_port, b, b_port, width, speed)`` (Link's arguments,
-        in order); Link objects are made from them only when :attr:`links` is read, so a
-        large fabric whose links are only walked (trees, tiers) never builds them."""
+        """Set the links as rows ``(a, a_port, b, b_port, (width, speed))`` (Link's
+        arguments, the last two paired); Link objects are made from them only when
+        :attr:`links` is read, so a large fabric whose links are only walked (trees, tiers)
+        never builds them."""
         self._link_rows = rows
         self._links = None
 
@@ -305,10 +318,11 @@ class Fabric:
         built (and kept, so that later reads, :attr:`nodes` included, give the same objects)."""
         if self._node_rows is not None:
             rows, built = self._node_rows, self._switch_nodes
-            for ident in sorted(ident for ident, row in rows.items() if row[0] == "switch"):
+            idents = sorted(self._switches_and_hosts()[0])
+            for ident in idents:
                 if ident not in built:
                     built[ident] = self._build_node(ident, rows[ident])
-            return sorted(built.values(), key=lambda n: n.ident)
+            return [built[ident] for ident in idents]
         return sorted((n for n in self._nodes.values() if n.kind == "switch"), key=lambda n: n.ident)
 
     def cas(self):
@@ -318,9 +332,8 @@ class Fabric:
     def hosts(self):
         """Host name -> sorted idents of its CAs."""
         hosts = {}
-        for ident, kind, host in self._kinds_hosts():
-            if kind == "ca" and host:
-                hosts.setdefault(host, []).append(ident)
+        for ident, host in self._switches_and_hosts()[1].items():
+            hosts.setdefault(host, []).append(ident)
         return {h: sorted(v) for h, v in sorted(hosts.items())}
 
     def unmapped_cas(self):
@@ -329,12 +342,8 @@ class Fabric:
 
     def _adjacency(self):
         """(switch -> set of neighbour switches, switch -> set of hosts cabled to it)."""
-        sw_adj, ca_host = {}, {}
-        for ident, kind, host in self._kinds_hosts():
-            if kind == "switch":
-                sw_adj[ident] = set()
-            elif kind == "ca" and host:
-                ca_host[ident] = host
+        switches, ca_host = self._switches_and_hosts()
+        sw_adj = {ident: set() for ident in switches}
         host_adj = {}
         sw_set, ca_set = set(sw_adj), set(ca_host)  # set & set walks the smaller side
         # Links come grouped by their first end (a parser's node sections): each group is
@@ -490,6 +499,10 @@ def _dedupe_hosts(trees):
     placed = set()
     for tree in trees:
         for sw in sorted(tree.hosts):
+            hosts = tree.hosts[sw]
+            if hosts and placed.isdisjoint(hosts):  # the usual case: nothing to drop
+                placed.update(hosts)
+                continue
             kept = [h for h in tree.hosts[sw] if h not in placed]
             placed.update(kept)
             if kept:
