@@ -18,17 +18,18 @@ class CheckpointFailed(CheckpointError):
     """``runsc checkpoint`` failed; the sandbox is stopped and its state since the previous checkpoint lost."""
 
 
-def checkpoint_sandbox(prefix, container_id, pending, manifest_fields, spec):
+def checkpoint_sandbox(prefix, container_id, pending, manifest_fields, spec, extra_flags=()):
     """Checkpoint container ``container_id`` into ``pending`` (a store.PendingCheckpoint) and publish it.
 
     ``prefix``: the runsc command prefix (binary and global flags);
     ``manifest_fields``: dict recorded in the manifest (node, reason, ...);
-    ``spec``: the sandbox's OCI spec (dict). Returns (Checkpoint, seconds the
+    ``spec``: the sandbox's OCI spec (dict); ``extra_flags``: flags for
+    ``runsc checkpoint`` (e.g. its CUDA checkpoint flag for GPU sandboxes). Returns (Checkpoint, seconds the
     runsc checkpoint took). Raises CheckpointFailed when runsc fails (the
     partial image is removed) and store errors from publishing.
     """
     started = time.monotonic()
-    result = subprocess.run(prefix + ["checkpoint", "--image-path", pending.image_dir, container_id],
+    result = subprocess.run(prefix + ["checkpoint", *extra_flags, "--image-path", pending.image_dir, container_id],
                             capture_output=True, text=True, check=False)
     took = time.monotonic() - started
     if result.returncode != 0:

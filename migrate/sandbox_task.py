@@ -82,6 +82,7 @@ class CheckpointableTask:
         self.evacuation = None
         self.closed = False
         self.gone = False  # the task's launcher disappeared (killed)
+        self.checkpoint_flags = []  # e.g. runsc's CUDA checkpoint flag, set by the supervisor for GPU sandboxes
 
     # -- triggers ------------------------------------------------------------------------
     def on_signal(self, signum):
@@ -241,7 +242,8 @@ class CheckpointableTask:
                       "batch_script": self.sup.args.batch_script, "hostname": self.spec.get("hostname"),
                       "runsc": runsc_description(self.prefix),
                       "batch_script_sha256": self.sup.batch_script_sha256()}
-            ckpt, took = checkpoint_sandbox(self.prefix, self.sup.container_id, pending, fields, self.spec)
+            ckpt, took = checkpoint_sandbox(self.prefix, self.sup.container_id, pending, fields, self.spec,
+                                            self.checkpoint_flags)
             size_mb = sum(f.get("size", 0) for f in (ckpt.manifest or {}).get("files", [])) / 1e6
             evacuation.checkpoint = ckpt.path
             self.sup.say(self.err_fd, "%s: checkpointed job %s as %s (%.1f MB, runsc checkpoint %.2f s)"

@@ -263,6 +263,7 @@ class Supervisor:
             relay.started()
         if task is not None:
             task.spec, task.proc = spec, proc
+            task.checkpoint_flags = list(self.checkpoint_flags)
             self.task = task
             task.start_preemption_watch(self.args.partition)
             task.start_periodic()
@@ -403,6 +404,7 @@ class Supervisor:
         """CheckpointSettings of this step; mode "none" for anything but a batch step's single init."""
         from slurmbox.migrate import policy as ckpt_policy
 
+        self.checkpoint_flags = []
         if self.args.step != "batch" or self.args.local_tasks != 1:
             return ckpt_policy.CheckpointSettings()
         try:
@@ -412,6 +414,9 @@ class Supervisor:
                                           check=False)
                 settings = ckpt_policy.refuse_gpu_transparent(settings, {plan.vendor},
                                                               helptext.stdout + helptext.stderr)
+                flag = ckpt_policy.gpu_checkpoint_flag(helptext.stdout + helptext.stderr)
+                if settings.mode == "transparent" and flag:
+                    self.checkpoint_flags = ["--%s" % flag]
         except ckpt_policy.CheckpointOptionError as err:
             raise StepFailure(str(err))
         return settings

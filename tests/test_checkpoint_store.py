@@ -289,3 +289,26 @@ def test_checkpoint_of_a_different_batch_script_is_skipped(store):
     assert select_checkpoint(store, "7", "batch", _uid(), "a" * 64).checkpoint is not None
     selection = select_checkpoint(store, "7", "batch", _uid(), "b" * 64)
     assert selection.checkpoint is None and "different batch script" in selection.skipped[0][1][0]
+
+
+@needs_root
+def test_checkpoint_command_line_and_failure_cleanup(store, tmp_path):
+    from slurmbox.migrate.runsc_checkpoint import CheckpointFailed, checkpoint_sandbox
+
+    fake = tmp_path / "fake-runsc"  # records its argv as the image, as runsc would write checkpoint.img
+    fake.write_text("#!/bin/sh\nall=\"$*\"\nwhile [ \"$1\" != --image-path ]; do shift; done\n"
+                    "[ \"$3\" = fail ] && { echo 'checkpoint failed: boom' >&2; exit 128; }\n"
+                    "echo \"$all\" > \"$2/checkpoint.img\"\n")
+    fake.chmod(0o755)
+    pending = store.begin("9", "batch", _uid())
+    ckpt, _took = checkpoint_sandbox([str(fake), "--root", "/x"], "cid", pending, {"reason": "unit"}, {"mounts": []},
+                                     ["--nvproxy-checkpoint"])
+    assert ckpt.manifest["reason"] == "unit" and store.verify(ckpt).valid
+    with open(os.path.join(ckpt.path, "checkpoint.img")) as handle:
+        assert handle.read().split() == ["--root", "/x", "checkpoint", "--nvproxy-checkpoint", "--image-path",
+                                         pending.image_dir, "cid"]
+    pending = store.begin("9", "batch", _uid())
+    with pytest.raises(CheckpointFailed, match="boom"):
+        checkpoint_sandbox([str(fake)], "fail", pending, {}, {"mounts": []})
+    assert not os.path.exists(pending.image_dir)
+    assert [c.name for c in store.checkpoints("9", "batch")] == [ckpt.name]
