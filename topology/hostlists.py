@@ -9,7 +9,6 @@ bracket groups (``r[0-1]n[0-31]``); this one writes one bracket group per name p
 expansion in the tests.
 """
 
-import os
 import re
 from operator import itemgetter
 
@@ -41,8 +40,11 @@ def _one_prefix(names):
     ASCII digits, as a leaf switch's hosts usually are (``gpu00001``..``gpu00032``), else
     None. The same split as the general path of :func:`compress`, without a loop per name
     in Python (writing a large fabric's tree compresses 16,384 names)."""
-    prefix = os.path.commonprefix(list(names)).rstrip(_DIGITS)
-    digits = list(map(itemgetter(slice(len(prefix), None)), names))
+    prefix = next(iter(names)).rstrip(_DIGITS)  # any name's prefix: all must share it
+    cut = len(prefix)
+    if set(map(itemgetter(slice(cut)), names)) != {prefix}:
+        return None
+    digits = list(map(itemgetter(slice(cut, None)), names))
     joined = "".join(digits)
     if "" in digits or not (joined.isascii() and joined.isdigit()):
         return None
