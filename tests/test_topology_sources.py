@@ -361,3 +361,9 @@ def test_every_sample_is_detected_and_loads():
             assert topo.fabrics or topo.nodes or topo.domains, name
             loaded += 1
     assert loaded == 28
+
+
+def test_malformed_node_guid_is_a_topology_error_naming_the_node():
+    text = 'Switch\t36 "S-zz"\t\t# "sw" enhanced port 0 lid 1 lmc 0\n[1]\t"H-0c42"[1]\t\t# "n1 mlx5_0" lid 2 4xHDR\n'
+    with pytest.raises(TopologyError, match='node id "S-zz" is not S-/H- followed by a hexadecimal GUID'):
+        ibnetdiscover.parse(text, "bad.txt")

@@ -176,7 +176,11 @@ def _parse_lines(lines, name):
             ident = parts[1]
             description = parts[3] if len(parts) > 3 else ""
             # Read now, not in _build_node: a malformed GUID fails the parse, as it always has.
-            guid = int(ident[2:], 16) if len(ident) > 2 else None
+            try:
+                guid = int(ident[2:], 16) if len(ident) > 2 else None
+            except ValueError:
+                raise TopologyError('%s: node id "%s" is not S-/H- followed by a hexadecimal GUID; is this '
+                                    'ibnetdiscover output?' % (name, ident)) from None
             if kind == "ca":
                 host = host_from_description(description)
                 if "Aggregation Node" in description:
