@@ -95,10 +95,13 @@ def run_campaign(task_path, candidates, options=None, out=None, measurement_poli
     OSError; a candidate's own failures are results, not exceptions.
     """
     options = options or harness.MeasureOptions()
-    if options.sandbox == "runsc" and visible_in_sandbox(task_path, options.uid, options.gid):
+    # Slurm mode: the candidate's step runs as this user, so only the sandbox's masking hides the task.
+    uid, gid = (options.uid, options.gid) if options.sandbox == "runsc" else (os.getuid(), os.getgid())
+    if options.sandbox in ("runsc", "slurm") and visible_in_sandbox(task_path, uid, gid):
         raise ValueError("the task file %s would be readable inside the candidates' sandboxes (uid %d); move it "
-                         "under a private directory such as /root, /home or /srv, or make it unreadable to others"
-                         % (os.path.abspath(task_path), options.uid))
+                         "under a private directory such as /root, /home or /srv%s"
+                         % (os.path.abspath(task_path), uid,
+                            ", or make it unreadable to others" if options.sandbox == "runsc" else ""))
     task = load_task(task_path)
     labels = [label for label, _ in candidates]
     if len(set(records.group_name(label) for label in labels)) != len(labels):

@@ -414,3 +414,13 @@ def test_task_files_the_sandbox_could_read_are_refused(tmp_path):
     with pytest.raises(ValueError, match="readable inside"):
         campaign.run_campaign("/etc/hostname", [("h", os.path.join(DATA, "honest.py"))], options,
                               measurement_policy={})
+
+
+def test_slurm_mode_refuses_task_files_its_steps_could_read():
+    """A Slurm-mode candidate runs as the harness's own user: only the sandbox's masked
+    directories hide the task file from it, so a task outside them is refused too."""
+    from slurmbox.measure import campaign
+    options = harness.MeasureOptions(sandbox="slurm")
+    with pytest.raises(ValueError, match="readable inside"):
+        campaign.run_campaign("/etc/hostname", [("h", os.path.join(DATA, "honest.py"))], options,
+                              measurement_policy={})
