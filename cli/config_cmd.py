@@ -105,6 +105,10 @@ def render(file, out_dir, topology_file, as_json):
         except OSError as error:
             click.echo("%s: cannot read the topology file: %s" % (topology_file, error.strerror or error), err=True)
             sys.exit(EXIT_INVALID)
+        except UnicodeDecodeError as error:
+            click.echo("%s: not UTF-8 text (byte %d); pass a topology.conf body such as 'slurmbox topology "
+                       "generate' writes" % (topology_file, error.start), err=True)
+            sys.exit(EXIT_INVALID)
     try:
         files = render_site(site, file, raw, topology)
         paths = write_files(files, out_dir)

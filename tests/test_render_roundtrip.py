@@ -107,6 +107,15 @@ def test_cli_render_refuses_invalid_input_with_exit_2(tmp_path):
     assert "partitions.p" in result.stderr and not (tmp_path / "out").exists()
 
 
+def test_cli_render_refuses_a_topology_file_that_is_not_text_with_exit_2(tmp_path):
+    topology = tmp_path / "topology.bin"
+    topology.write_bytes(b"\xff\xfeSwitchName=s0")
+    result = subprocess.run([sys.executable, "-m", "slurmbox.cli.main", "config", "render", HGX, "--out",
+                             str(tmp_path / "out"), "--topology", str(topology)], capture_output=True, text=True)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "not UTF-8 text" in result.stderr and not (tmp_path / "out").exists()
+
+
 # -- the round trip through a real cluster -------------------------------------------
 
 def _adapted_example(dev, prefix):
