@@ -15,6 +15,7 @@ The task file is read by the harness and by the reference process only; it
 is never mounted into a candidate's sandbox.
 """
 
+import importlib.machinery
 import importlib.util
 import os
 from dataclasses import dataclass
@@ -46,7 +47,9 @@ def load_task(path):
     if not os.path.isfile(path):
         raise TaskError("task file %s does not exist" % path)
     module_name = "slurmbox_measure_task_%d" % (abs(hash(path)) % 10 ** 9)
-    spec = importlib.util.spec_from_file_location(module_name, path)
+    # A path not ending in .py gets no loader from importlib; name the source loader explicitly.
+    spec = importlib.util.spec_from_file_location(module_name, path,
+                                                  loader=importlib.machinery.SourceFileLoader(module_name, path))
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)

@@ -161,7 +161,7 @@ def load_policy(source_path, cache_dir):
     except (OSError, ValueError, KeyError, TypeError):
         pass
     from slurmbox.site_config.model import compile_policy  # slow path: pydantic
-    policy = compile_policy(raw.decode(), source_path)
+    policy = compile_policy(raw, source_path)  # bytes: a non-UTF-8 file is a SiteConfigError too
     write_cache(policy, digest, cached)
     return policy
 

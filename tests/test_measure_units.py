@@ -188,6 +188,16 @@ def test_validate_cpus_names_the_missing_cpus():
         isolation.validate_cpus({9999}, "sandbox")
 
 
+def test_load_task_imports_a_file_whatever_its_name_and_reports_one_that_is_not_python(tmp_path):
+    named = tmp_path / "matmul.task"
+    named.write_bytes(open(os.path.join(DATA, "matmul_task.py"), "rb").read())
+    assert task.load_task(str(named)).name == "matmul"
+    binary = tmp_path / "task.bin"
+    binary.write_bytes(b"\xff\xfe\x00binary")
+    with pytest.raises(task.TaskError, match="fails to import"):
+        task.load_task(str(binary))
+
+
 def test_load_task_reports_missing_names(tmp_path):
     bad = tmp_path / "bad_task.py"
     bad.write_text("def reference(x):\n    return x\n")

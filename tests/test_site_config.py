@@ -250,6 +250,13 @@ def test_existing_sandbox_policy_documents_still_validate():
     assert policy.profiles["strict"].allowed_networks == ("none",)
 
 
+def test_compiled_policy_of_a_file_that_is_not_text_is_a_site_config_error(tmp_path):
+    source = tmp_path / "site.yaml"
+    source.write_bytes(b"\xff\xfecluster: x\n")
+    with pytest.raises(SiteConfigError, match="not UTF-8 text"):
+        load_policy(str(source), str(tmp_path / "cache"))
+
+
 def test_compiled_policy_cache_follows_the_source(tmp_path):
     source = tmp_path / "site.yaml"
     source.write_text(SITE)
