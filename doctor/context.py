@@ -144,7 +144,7 @@ def gather(node=None, slurm_conf=None, site_config=None, gres_conf=None, probes=
                                                               if len(err.lines()) > 3 else "")
     ctx.gres_conf = gres_conf or os.path.join(os.path.dirname(slurm_conf), "gres.conf")
     try:
-        with open(ctx.gres_conf) as handle:
+        with open(ctx.gres_conf, errors="replace") as handle:  # Slurm reads bytes: a Latin-1 comment is fine
             ctx.gres = parse_gres_conf(handle.read(), node)
     except OSError:
         ctx.gres = None

@@ -383,6 +383,15 @@ def test_checkpoint_store_space(tmp_path):
     assert check_checkpoint_store(_ctx(site=site)).status == FAIL  # partitions checkpoint: the store must exist
 
 
+def test_gres_conf_with_bytes_that_are_not_utf8_is_read_like_slurm_reads_it(tmp_path):
+    from slurmbox.doctor.context import gather
+    gres = tmp_path / "gres.conf"
+    gres.write_bytes(b"# r\xe9sum\xe9 (Latin-1)\nNodeName=n1 Name=gpu Type=h100 File=/dev/nvidia[0-1]\n")
+    ctx = gather(node="n1", slurm_conf=str(tmp_path / "slurm.conf"), site_config="", gres_conf=str(gres),
+                 probes={"nvidia": None, "amd": None, "rdma": None})
+    assert [line.files for line in ctx.gres] == [["/dev/nvidia0", "/dev/nvidia1"]]
+
+
 def test_gres_device_files(tmp_path):
     if os.geteuid() != 0:
         pytest.skip("creating device nodes needs root")
