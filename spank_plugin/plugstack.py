@@ -24,7 +24,7 @@ def plugstack_path(slurm_conf):
     """The plugstack.conf path that ``slurm_conf`` (a slurm.conf path) configures."""
     default = os.path.join(os.path.dirname(slurm_conf), "plugstack.conf")
     try:
-        with open(slurm_conf) as handle:
+        with open(slurm_conf, errors="replace") as handle:  # Slurm reads bytes; only ASCII keys matter
             for line in handle:
                 key, _, value = line.split("#", 1)[0].strip().partition("=")
                 if key.strip().lower() == "plugstackconfig" and value.strip():
@@ -38,7 +38,7 @@ def _plugin_lines(path, depth=0):
     if depth > 4:
         return
     try:
-        with open(path) as handle:
+        with open(path, errors="replace") as handle:
             lines = handle.readlines()
     except OSError:
         return

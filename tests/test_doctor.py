@@ -392,6 +392,18 @@ def test_gres_conf_with_bytes_that_are_not_utf8_is_read_like_slurm_reads_it(tmp_
     assert [line.files for line in ctx.gres] == [["/dev/nvidia0", "/dev/nvidia1"]]
 
 
+def test_plugstack_settings_read_files_with_bytes_that_are_not_utf8(tmp_path):
+    from slurmbox.spank_plugin.plugstack import slurmbox_settings
+    (tmp_path / "slurm.conf").write_bytes(b"# caf\xe9\nClusterName=x\n")
+    (tmp_path / "plugstack.conf").write_bytes(b"# \xff\nrequired /opt/slurmbox/slurmbox_spank.so runtime_dir=/run/x\n")
+    settings = slurmbox_settings(str(tmp_path / "slurm.conf"))
+    assert settings["runtime_dir"] == "/run/x" and settings["plugstack"] == str(tmp_path / "plugstack.conf")
+    if os.geteuid() == 0:  # root lists the runtime directory plugstack.conf names (none here)
+        result = subprocess.run([sys.executable, "-m", "slurmbox.cli.main", "sandbox", "ls", "--slurm-conf",
+                                 str(tmp_path / "slurm.conf"), "--json"], capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0 and json.loads(result.stdout) == [], result.stderr
+
+
 def test_gres_device_files(tmp_path):
     if os.geteuid() != 0:
         pytest.skip("creating device nodes needs root")
