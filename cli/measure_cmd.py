@@ -203,7 +203,7 @@ def report_cmd(files, as_json):
 @measure.command("clocks")
 @click.argument("action", type=click.Choice(["lock", "reset"]))
 @click.option("--gpus", required=True, help="NVML device indices, e.g. 0 or 0-3.")
-@click.option("--mhz", type=int, default=None,
+@click.option("--mhz", type=click.IntRange(min=0), default=None,
               help="SM clock to lock (default: the site policy's locked_sm_clock_mhz; 0 = default application clock).")
 @click.option("--site-config", default=None, type=click.Path(dir_okay=False))
 def clocks_cmd(action, gpus, mhz, site_config):
@@ -220,7 +220,13 @@ def clocks_cmd(action, gpus, mhz, site_config):
     """
     from slurmbox.measure import gpu, policy
 
-    indices = sorted(_cpus(gpus.replace(" ", "")))
+    from slurmbox.measure.isolation import parse_cpu_list
+    try:  # same list syntax as CPUs (cpuset(7))
+        indices = sorted(parse_cpu_list(gpus.replace(" ", "")))
+    except ValueError:
+        indices = []
+    if not indices:
+        raise click.BadParameter("%r is not a list of NVML GPU indices such as 0 or 0-3" % gpus, param_hint="--gpus")
     try:
         if action == "reset":
             gpu.reset_clocks(indices)

@@ -293,6 +293,15 @@ def test_run_refuses_a_missing_candidate_file(tmp_path):
     assert result.exit_code == 2 and "does not exist" in result.output
 
 
+@pytest.mark.parametrize("args", [["reset", "--gpus", "GPU-1a2b"], ["reset", "--gpus", ""],
+                                  ["lock", "--gpus", "0", "--mhz", "-5"]])
+def test_clocks_refuses_what_is_not_gpu_indices_or_a_clock(args):
+    from slurmbox.cli.measure_cmd import measure
+    result = CliRunner().invoke(measure, ["clocks", *args])
+    assert result.exit_code == 2 and "CPU" not in result.output and "Traceback" not in result.output
+    assert ("--gpus" in result.output) != ("--mhz" in result.output)
+
+
 # ---- NVML interface (a fake pynvml shaped like nvidia-ml-py; values as an H100 SXM reports them) ----
 
 class _FakeNvml(types.ModuleType):
