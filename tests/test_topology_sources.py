@@ -342,6 +342,32 @@ def test_fabric_info_keys_on_cluster_uuid_and_clique_together():
     assert sorted(sorted(d.hosts) for d in topo.domains.values()) == [["a1", "a2"], ["b1"]]
 
 
+# -- host names the fabric reports are set by the hosts themselves: never hostlists -------------
+def test_hca_descriptions_that_are_not_plain_host_names_name_no_host():
+    raw = text("ibnetdiscover/ibm-2node-mt43132-sdr.txt")
+    assert '"compute-00-01 HCA-1"' in raw
+    for injected in ("compute-00-00,evil[1-9] HCA-1", "Nodes=x HCA-1", "a[1-3] HCA-1"):
+        fabric = ibnetdiscover.parse(raw.replace("compute-00-01 HCA-1", injected))
+        assert sorted(fabric.hosts()) == ["compute-00-00"], injected
+    assert ibnetdiscover.host_from_description("gpu-001.rack2_a HCA-1") == "gpu-001.rack2_a"
+
+
+def test_netq_and_fabric_info_refuse_hostlists_and_malformed_entries():
+    from slurmbox.topology import fabric_info
+    graph = ('{"nodes": [{"id": "s", "device_type": "switch"}, {"id": "h1", "name": "a,b[1-9]"}, '
+             '{"id": "h2", "name": "dgx-01"}], "links": [{"src": "s", "target": "h1"}, {"src": "s", "target": "h2"}]}')
+    fabric = fabric_info.parse_netq_graph(graph)
+    assert sorted(fabric.hosts()) == ["dgx-01"] and any("a,b[1-9]" in w for w in fabric.warnings)
+    for bad in ('{"nodes": [1], "links": []}', '{"nodes": [{"name": "x"}], "links": []}',
+                '{"nodes": [{"id": "s"}], "links": [{"src": "s", "target": "s", "size": "x"}]}'):
+        with pytest.raises(TopologyError, match="malformed NetQ"):
+            fabric_info.parse_netq_graph(bad)
+    with pytest.raises(TopologyError, match="not a plain host name"):
+        fabric_info.parse_fabric_info("- {host: 'a,b[1-3]', cluster_uuid: u, clique_id: 1}\n")
+    with pytest.raises(TopologyError, match="clique_id 'x' is not an integer"):
+        fabric_info.parse_fabric_info("- {host: n1, cluster_uuid: u, clique_id: x}\n")
+
+
 # -- detection: every sample file is recognised ----------------------------------------------------
 EXPECTED_KIND = {"ibnetdiscover": "ibnetdiscover", "ibstat": "ibstat", "nvidia-smi-topo": "nvidia-smi-topo",
                  "amd-topo": "amd-topo", "nccl-topo-xml": "nccl-xml", "topology-conf": "topology-conf"}

@@ -20,6 +20,7 @@ import json
 
 import yaml
 
+from .hostlists import is_host_name
 from .model import Fabric, FabricNode, Link, Topology, TopologyError
 
 
@@ -53,8 +54,14 @@ def parse_fabric_info(text, topo=None, name="fabric-info"):
             host, uuid, clique = entry.get("host"), entry.get("cluster_uuid"), entry.get("clique_id")
         if not host or not uuid:
             raise TopologyError("%s: entry %r needs a host (Name) and a cluster_uuid (DomainUUID)" % (name, entry))
+        if not is_host_name(str(host)):
+            raise TopologyError("%s: host %r is not a plain host name (letters, digits, '_', '.', '-')"
+                                % (name, host))
         if clique is not None:
-            clique = int(clique)
+            try:
+                clique = int(clique)
+            except (TypeError, ValueError):
+                raise TopologyError("%s: host %s: clique_id %r is not an integer" % (name, host, clique)) from None
         topo.add_domain_host(str(host), str(uuid), clique,
                              name="%s/%s" % (uuid, clique) if clique is not None else str(uuid))
     return topo
@@ -67,16 +74,27 @@ def parse_netq_graph(text, name="netq"):
         data = data[0]
     if not isinstance(data, dict) or "nodes" not in data or "links" not in data:
         raise TopologyError("%s: expected a NetQ topology graph with 'nodes' and 'links'" % name)
+    try:
+        return _netq_fabric(data, name)
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise TopologyError("%s: malformed NetQ topology graph (%s: %s); expected nodes with 'id' and links "
+                            "with 'src', 'target' and an integer 'size'" % (name, type(err).__name__, err)) from None
+
+
+def _netq_fabric(data, name):
     fabric = Fabric(name, "Ethernet")
     for tier in data["nodes"]:
         for node in tier.get("compounded_nodes", [tier]):
-            ident = node["id"]
+            ident = str(node["id"])
+            label = str(node.get("name", ident))
             if node.get("device_type") == "switch":
-                fabric.add_node(FabricNode(ident, "switch", node.get("name", ident)))
-            else:
-                fabric.add_node(FabricNode(ident, "ca", node.get("name", ident), 1, node.get("name", ident)))
+                fabric.add_node(FabricNode(ident, "switch", label))
+            else:  # the name is the host's own report: only a plain host name is used as one
+                if not is_host_name(label):
+                    fabric.warnings.append("host %r is not a plain host name; left out of the node lists" % label)
+                fabric.add_node(FabricNode(ident, "ca", label, 1, label if is_host_name(label) else None))
     for link in data["links"]:
-        a, b = link["src"], link["target"]
+        a, b = str(link["src"]), str(link["target"])
         if a not in fabric.nodes or b not in fabric.nodes:
             fabric.warnings.append("link %s names an unknown node" % link.get("id"))
             continue

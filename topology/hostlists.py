@@ -17,6 +17,20 @@ import hostlist as _hostlist
 from .model import TopologyError, natural_key
 
 
+#: A Slurm node name (slurm.conf(5) NodeName) as topology sources may name hosts: no commas,
+#: brackets, "=" or spaces, which would inject other names or keys into topology.conf.
+_HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\Z")
+
+
+def is_host_name(name):
+    """True when ``name`` (str) is one plain host name, safe to write into a Slurm Nodes= list.
+
+    Fabric sources report host names that the hosts themselves set (an HCA's
+    NodeDescription, a NetQ agent's hostname), so they are checked before use.
+    """
+    return isinstance(name, str) and _HOST_NAME.match(name) is not None
+
+
 def expand(expression):
     """``"n[1-3],x"`` -> ``["n1", "n2", "n3", "x"]`` (order kept, duplicates dropped).
 

@@ -25,6 +25,7 @@ The host of a CA is the first word of its NodeDescription ("r-ufm101 HCA-1" ->
 import re
 import subprocess
 
+from .hostlists import is_host_name
 from .model import Fabric, FabricNode, Link, TopologyError, no_gc
 
 _DEFAULT_MARKERS = ("Mellanox Technologies", "InfiniHost", "ConnectX", "Voltaire")
@@ -44,7 +45,8 @@ def _slower(width, speed, link):
 def host_from_description(description):
     """Host name in an HCA NodeDescription, or None for a vendor default description.
 
-    "compute-00-01 HCA-1" -> "compute-00-01"; "MT23108 InfiniHost Mellanox Technologies" -> None.
+    "compute-00-01 HCA-1" -> "compute-00-01"; "MT23108 InfiniHost Mellanox Technologies" -> None;
+    a first word that is not a plain host name ("a,b[1-9]", "Nodes=x") -> None.
     """
     description = description.strip()
     if not description or (description[:2] == "MT" and description[2:3].isdigit()):
@@ -52,7 +54,8 @@ def host_from_description(description):
     if ("Mellanox Technologies" in description or "InfiniHost" in description or "ConnectX" in description
             or "Voltaire" in description):  # _DEFAULT_MARKERS, spelt out: this runs once per HCA
         return None
-    return description.split(None, 1)[0]
+    host = description.split(None, 1)[0]
+    return host if is_host_name(host) else None  # set by root on that host: never trusted as a hostlist
 
 
 def _build_node(ident, row):
