@@ -40,45 +40,64 @@ def group_name(label):
 def write_campaign(path, task, results, task_sha256=""):
     """Write ``results`` (list of harness.CandidateResult) for ``task`` to a new HDF5 file ``path``.
 
-    Writes to ``path + ".tmp"`` and renames, so a reader never sees half a file.
+    Writes to a new temporary file next to ``path`` (mode 0644) and renames it, so a reader
+    never sees half a file. The temporary file is created with O_EXCL under a random name
+    and written through its descriptor: the harness runs as root, often in a directory
+    others can write, where a fixed name could be a symlink planted to make root
+    overwrite another file. Raises OSError.
     """
+    import tempfile
+
     import h5py
-    tmp = path + ".tmp"
-    with h5py.File(tmp, "w") as handle:
-        handle.attrs["format"] = FORMAT
-        handle.attrs["task"] = task.name
-        handle.attrs["task_path"] = task.path
-        handle.attrs["task_sha256"] = task_sha256
-        handle.attrs["created_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        parent = handle.create_group("candidates")
-        for result in results:
-            group = parent.create_group(group_name(result.label))
-            for key in SAMPLE_FIELDS:
-                if key in result.samples:
-                    group.create_dataset(key, data=result.samples[key])
-            fp = result.fingerprint
-            attrs = {
-                "label": result.label, "verdict": result.verdict,
-                "reward_ns": float("nan") if result.reward_ns is None else float(result.reward_ns),
-                "converged": bool(result.converged),
-                "flag_reasons": ",".join(sorted({f.reason for f in result.flags})),
-                "flags_json": json.dumps([f.to_json() for f in result.flags]),
-                "summary_json": json.dumps(result.summary),
-                "candidate": result.candidate_path, "candidate_sha256": result.candidate_sha256,
-                "seed_sha256": result.seed_sha256,
-                "overhead_ns": float("nan") if result.overhead_ns is None else float(result.overhead_ns),
-                "wall_s": float(result.wall_s),
-                "node": fp.get("node", ""), "cpu_model": fp.get("cpu_model", ""), "kernel": fp.get("kernel", ""),
-                "harness_cpus": fp.get("harness_cpus", ""), "sandbox_cpus": fp.get("sandbox_cpus", ""),
-                "gpu_present": bool(fp.get("gpu", {}).get("present", False)),
-                "gpu_json": json.dumps(fp.get("gpu", {})),
-                "sandbox_json": json.dumps(result.sandbox_config),
-                "fingerprint_json": json.dumps(fp),
-                "stdout": result.stdout, "stderr": result.stderr,
-            }
-            for key, value in attrs.items():
-                group.attrs[key] = value
-    os.replace(tmp, path)
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp",
+                               dir=os.path.dirname(os.path.abspath(path)))
+    try:
+        os.fchmod(fd, 0o644)
+        with os.fdopen(fd, "w+b") as stream, h5py.File(stream, "w") as handle:
+            _write_groups(handle, task, results, task_sha256)
+        os.replace(tmp, path)  # replaces a symlink at ``path`` itself, never its target
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _write_groups(handle, task, results, task_sha256):
+    handle.attrs["format"] = FORMAT
+    handle.attrs["task"] = task.name
+    handle.attrs["task_path"] = task.path
+    handle.attrs["task_sha256"] = task_sha256
+    handle.attrs["created_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    parent = handle.create_group("candidates")
+    for result in results:
+        group = parent.create_group(group_name(result.label))
+        for key in SAMPLE_FIELDS:
+            if key in result.samples:
+                group.create_dataset(key, data=result.samples[key])
+        fp = result.fingerprint
+        attrs = {
+            "label": result.label, "verdict": result.verdict,
+            "reward_ns": float("nan") if result.reward_ns is None else float(result.reward_ns),
+            "converged": bool(result.converged),
+            "flag_reasons": ",".join(sorted({f.reason for f in result.flags})),
+            "flags_json": json.dumps([f.to_json() for f in result.flags]),
+            "summary_json": json.dumps(result.summary),
+            "candidate": result.candidate_path, "candidate_sha256": result.candidate_sha256,
+            "seed_sha256": result.seed_sha256,
+            "overhead_ns": float("nan") if result.overhead_ns is None else float(result.overhead_ns),
+            "wall_s": float(result.wall_s),
+            "node": fp.get("node", ""), "cpu_model": fp.get("cpu_model", ""), "kernel": fp.get("kernel", ""),
+            "harness_cpus": fp.get("harness_cpus", ""), "sandbox_cpus": fp.get("sandbox_cpus", ""),
+            "gpu_present": bool(fp.get("gpu", {}).get("present", False)),
+            "gpu_json": json.dumps(fp.get("gpu", {})),
+            "sandbox_json": json.dumps(result.sandbox_config),
+            "fingerprint_json": json.dumps(fp),
+            "stdout": result.stdout, "stderr": result.stderr,
+        }
+        for key, value in attrs.items():
+            group.attrs[key] = value
 
 
 def _text(value):

@@ -247,6 +247,21 @@ def _write(path, results):
     records.write_campaign(str(path), t, results, "ab" * 32)
 
 
+def test_records_never_write_through_a_symlink_planted_in_the_directory(tmp_path):
+    """The root-run harness often writes its record into a directory others can write: a
+    symlink at the record's name or at the old fixed temporary name must not redirect it."""
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    path = tmp_path / "c.h5"
+    os.symlink(str(victim), str(path) + ".tmp")
+    os.symlink(str(victim), str(path))
+    _write(path, [_result("fast", 1_000_000)])
+    assert victim.read_text() == "precious"
+    assert not path.is_symlink() and records.read_campaign(str(path))["candidates"][0]["label"] == "fast"
+    assert oct(path.stat().st_mode & 0o777) == oct(0o644)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.h5", "c.h5.tmp", "victim"]
+
+
 def test_records_round_trip(tmp_path):
     path = tmp_path / "c.h5"
     _write(path, [_result("fast", 1_000_000), _result("cheat", 500_000, flags=["stale_output"])])
