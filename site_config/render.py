@@ -218,15 +218,38 @@ def render_site(site, source_name, source_bytes, topology_conf=None):
 
 
 def write_files(files, directory):
-    """Write {name: text} into ``directory`` (created if missing), each atomically. Returns the paths."""
+    """Write {name: text} into ``directory`` (created if missing), each atomically (mode 0644).
+
+    Each file is written through an O_EXCL temporary file with a random name and renamed
+    over its name (a symlink there is replaced, never followed): root renders into
+    directories such as /tmp/rendered that another user may have created first.
+    Returns the paths. Raises OSError, and RenderError when ``directory`` belongs to
+    another user or others may replace files in it (the rendered files end up in
+    /etc/slurm).
+    """
+    import stat
+    import tempfile
+
     os.makedirs(directory, exist_ok=True)
+    info = os.stat(directory)
+    if info.st_uid not in (0, os.geteuid()) or (info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX):
+        raise RenderError("%s is owned by uid %d with mode %o: another user could change the rendered files "
+                          "before they reach /etc/slurm; render into a directory only you can write"
+                          % (directory, info.st_uid, stat.S_IMODE(info.st_mode)))
     paths = []
     for name in sorted(files):
         path = os.path.join(directory, name)
-        tmp = "%s.tmp.%d" % (path, os.getpid())
-        with open(tmp, "w") as handle:
-            handle.write(files[name])
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
+        fd, tmp = tempfile.mkstemp(prefix="." + name + ".", suffix=".tmp", dir=directory)
+        try:
+            with os.fdopen(fd, "w") as handle:
+                os.fchmod(handle.fileno(), 0o644)
+                handle.write(files[name])
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
         paths.append(path)
     return paths

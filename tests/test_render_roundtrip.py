@@ -107,6 +107,25 @@ def test_cli_render_refuses_invalid_input_with_exit_2(tmp_path):
     assert "partitions.p" in result.stderr and not (tmp_path / "out").exists()
 
 
+def test_render_writes_through_no_planted_symlink_and_refuses_a_directory_others_can_change(tmp_path):
+    from slurmbox.site_config.render import RenderError, write_files
+    out = tmp_path / "out"
+    out.mkdir(mode=0o700)
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    for name in ("gres.conf", "gres.conf.tmp.%d" % os.getpid()):  # the final name and the old fixed temporary one
+        os.symlink(str(victim), str(out / name))
+    assert write_files({"gres.conf": "Name=gpu\n"}, str(out)) == [str(out / "gres.conf")]
+    assert victim.read_text() == "precious" and not (out / "gres.conf").is_symlink()
+    assert (out / "gres.conf").read_text() == "Name=gpu\n" and (out / "gres.conf").stat().st_mode & 0o777 == 0o644
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(str(shared), 0o777)  # e.g. made by another user under /tmp
+    with pytest.raises(RenderError, match="only you can write"):
+        write_files({"gres.conf": "Name=gpu\n"}, str(shared))
+    assert os.listdir(str(shared)) == []
+
+
 def test_cli_render_refuses_a_topology_file_that_is_not_text_with_exit_2(tmp_path):
     topology = tmp_path / "topology.bin"
     topology.write_bytes(b"\xff\xfeSwitchName=s0")
