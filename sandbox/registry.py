@@ -200,20 +200,20 @@ def _owner_step_dirs(runtime_dir, user, slurm_env):
     """Step directories of ``user``'s running jobs, found through Slurm (the user cannot list nodes)."""
     from slurmbox.slurm_client.scontrol import SlurmCommandError, expand_hostlist, run_command
 
+    candidates = set()
     try:
         jobs = run_command(["squeue", "-h", "-u", user, "-t", "RUNNING", "-o", "%A %N"], env=slurm_env)
         steps = run_command(["squeue", "-h", "-s", "-u", user, "-o", "%i %N"], env=slurm_env)
+        for line in jobs.splitlines():
+            if len(line.split()) == 2:
+                job, nodes = line.split()
+                candidates.update((node, "%s.batch" % job) for node in expand_hostlist(nodes, env=slurm_env)[:1])
+        for line in steps.splitlines():
+            if len(line.split()) == 2:
+                step_id, nodes = line.split()
+                candidates.update((node, step_id) for node in expand_hostlist(nodes, env=slurm_env))
     except SlurmCommandError as err:
         raise SandboxError("cannot list your jobs: %s" % err)
-    candidates = set()
-    for line in jobs.splitlines():
-        if len(line.split()) == 2:
-            job, nodes = line.split()
-            candidates.update((node, "%s.batch" % job) for node in expand_hostlist(nodes, env=slurm_env)[:1])
-    for line in steps.splitlines():
-        if len(line.split()) == 2:
-            step_id, nodes = line.split()
-            candidates.update((node, step_id) for node in expand_hostlist(nodes, env=slurm_env))
     for node, name in sorted(candidates):
         path = os.path.join(runtime_dir, node, name)
         if os.path.isfile(os.path.join(path, OWNER_RECORD_NAME)):
@@ -231,7 +231,10 @@ def list_sandboxes(runtime_dir, uid=None, slurm_env=None):
     if uid == 0:
         found = (_entry(path, node, True) for node, path in _root_step_dirs(runtime_dir))
     else:
-        user = pwd.getpwuid(uid).pw_name
+        try:
+            user = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            raise SandboxError("uid %d has no user name (passwd/NSS); Slurm lists jobs by user name" % uid)
         found = (_entry(path, node, False) for node, path in _owner_step_dirs(runtime_dir, user, slurm_env))
     return [entry for entry in found if entry is not None and (uid == 0 or entry.uid == uid)]
 

@@ -98,3 +98,25 @@ def test_unknown_or_malformed_ids_fail_with_a_message(cluster):
     assert missing.returncode != 0 and "no sandbox 999999.0" in missing.stderr
     malformed = _slurmbox(cluster, "kill", "../etc")
     assert malformed.returncode != 0 and "JOB.STEP" in malformed.stderr
+
+
+def test_owner_listing_failures_are_sandbox_errors_not_tracebacks(tmp_path, monkeypatch):
+    """No cluster: a uid without a user name, or a Slurm client failing half-way, is a SandboxError."""
+    from slurmbox.sandbox import registry
+    from slurmbox.slurm_client import scontrol
+
+    unknown = 4000000
+    with pytest.raises(KeyError):
+        __import__("pwd").getpwuid(unknown)
+    with pytest.raises(registry.SandboxError, match="uid %d has no user name" % unknown):
+        registry.list_sandboxes(str(tmp_path), uid=unknown)
+
+    def fake_run(argv, env=None, timeout=30):
+        return "1234 n[1-2]\n" if "-s" not in argv else "1234.0 n[1-2]\n"
+
+    def failing_expand(expression, env=None):
+        raise scontrol.SlurmCommandError("scontrol show hostnames %s failed" % expression)
+    monkeypatch.setattr(scontrol, "run_command", fake_run)
+    monkeypatch.setattr(scontrol, "expand_hostlist", failing_expand)
+    with pytest.raises(registry.SandboxError, match="cannot list your jobs: scontrol show hostnames"):
+        registry.list_sandboxes(str(tmp_path), uid=os.getuid() or 1)
