@@ -48,6 +48,7 @@ class Flag:
     detail: str = ""
 
     def to_json(self):
+        """JSON-ready dict: ``reason``, ``sample`` (index, -1 for the whole run), ``detail``."""
         return {"reason": self.reason, "sample": self.sample, "detail": self.detail}
 
 
@@ -59,6 +60,7 @@ class OutputHistory:
     expected: list = field(default_factory=list)
 
     def add(self, array):
+        """Remember ``array`` (a sample's expected output), keeping only the last ``keep``."""
         self.expected.append(array)
         del self.expected[:-self.keep]
 

@@ -77,6 +77,9 @@ class ThrottleMonitor:
         self.histogram = {}
 
     def read(self):
+        """Throttle-reason bits (NVML nvmlClocksThrottleReasons, nvml.h) OR-ed over the GPUs,
+        masked to THROTTLE_BITS; also sets ``last_sm_mhz`` (lowest SM clock, MHz; -1 without
+        GPUs) and counts each reason in ``histogram``. NVML errors pass through."""
         bits = 0
         clocks = []
         for handle in self.handles:
@@ -90,6 +93,7 @@ class ThrottleMonitor:
         return bits
 
     def close(self):
+        """Shut NVML down (nvmlShutdown) if this monitor initialised it."""
         if self.nvml is not None:
             self.nvml.nvmlShutdown()
             self.nvml = None

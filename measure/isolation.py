@@ -140,6 +140,7 @@ class CpuAccount:
         self._fd = None
 
     def read(self):
+        """Cumulative CPU time of the cgroup in ns, or None (see the class docstring)."""
         if self._fd is None:
             try:
                 self._fd = os.open(self.path, os.O_RDONLY)
@@ -158,6 +159,7 @@ class CpuAccount:
         return None
 
     def close(self):
+        """Close the accounting file (read() reopens it)."""
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
@@ -169,10 +171,11 @@ class NullAccount:
     cgroups_path = None
 
     def read(self):
+        """Always None: no CPU time is known."""
         return None
 
     def close(self):
-        pass
+        """Nothing to close."""
 
 
 def create_cgroup(cgroups_path, cpus):
