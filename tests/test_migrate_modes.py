@@ -101,7 +101,11 @@ def test_periodic_checkpoints_bound_the_work_lost_without_notice(cluster, workdi
     errors = open(err).read()
     assert "restoring job %s step batch from checkpoint ckpt-" % job in errors, errors
     numbers = [int(x) for x in lines(out)]
-    drop = next(k for k in range(1, len(numbers)) if numbers[k] <= numbers[k - 1])
+    drop = next((k for k in range(1, len(numbers)) if numbers[k] <= numbers[k - 1]), None)
+    if drop is None:
+        # The requeue met a checkpoint in progress: that checkpoint was restored and nothing was redone.
+        assert numbers == list(range(1, 301))
+        return
     first, again = numbers[:drop], numbers[drop:]
     assert first == list(range(1, len(first) + 1))
     # Work since the last periodic checkpoint is done again, never more than one interval's worth.
