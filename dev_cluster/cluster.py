@@ -127,9 +127,10 @@ class DevCluster:
             if not os.path.isdir(self.dir) or os.path.islink(self.dir) or info.st_uid != 0 or info.st_mode & 0o022:
                 raise DevClusterError("%s exists and is not a root-owned directory writable only by root; "
                                       "remove it or choose another --dir" % self.dir)
-        for sub in ("etc", "state", "log", "pid", "dev", "run/slurmbox"):
+        for sub in ("etc", "state", "log", "pid", "dev", "run/slurmbox", "checkpoints"):  # checkpoints: site.yaml's store
             os.makedirs(os.path.join(self.dir, sub), exist_ok=True)
-        for path in (self.dir, os.path.join(self.dir, "etc"), os.path.join(self.dir, "run"), self.runtime_dir):
+        for path in (self.dir, os.path.join(self.dir, "etc"), os.path.join(self.dir, "run"), self.runtime_dir,
+                     os.path.join(self.dir, "checkpoints")):
             os.chmod(path, 0o755)
         self._save_state()
         try:
