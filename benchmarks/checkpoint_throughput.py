@@ -256,28 +256,6 @@ def downtime(slurm_conf, runs):
                   statistics.median(p for _, p in v)} for how, v in results.items() if v}
 
 
-_LOCKS = []
-
-
-def free_subnet():
-    """A dev-cluster subnet no bridge uses and no other session has locked (lock held until exit)."""
-    import fcntl
-
-    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
-    for number in range(200, 250):
-        if " sbx%dbr" % number in links:
-            continue
-        lock = open("/run/lock/slurmbox-dev-subnet-%d.lock" % number, "w")
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            lock.close()
-            continue
-        _LOCKS.append(lock)
-        return number
-    raise RuntimeError("no free dev-cluster subnet")
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[64, 256, 1024], help="MB of touched memory")
@@ -295,10 +273,10 @@ def main():
         cluster = None
         conf = args.slurm_conf
         if not conf:
-            from slurmbox.dev_cluster.cluster import DevCluster
+            from slurmbox.dev_cluster.cluster import DevCluster, claim_free_subnet
             directory = tempfile.mkdtemp(prefix="sbxbench-", dir="/tmp")
             os.rmdir(directory)
-            cluster = DevCluster(directory, nodes=2, gpus_per_node=0, subnet=free_subnet())
+            cluster = DevCluster(directory, nodes=2, gpus_per_node=0, subnet=claim_free_subnet(200, 249))
             conf = cluster.up()
         try:
             results["downtime"] = downtime(conf, args.runs)

@@ -26,6 +26,35 @@ DEFAULT_PREFIX = "/opt/slurmbox"
 STATE_FILE = "cluster.json"
 
 
+_SUBNET_LOCKS = []
+
+
+def claim_free_subnet(first=20, last=249):
+    """A dev-cluster subnet number (``first``..``last``) no other cluster on this machine uses.
+
+    A subnet is taken when its bridge ``sbx<N>br`` exists or another process
+    holds its lock file ``/run/lock/slurmbox-dev-subnet-<N>.lock``; the lock
+    is kept (open and flocked) until this process exits, so concurrent test
+    sessions and benchmarks never pick the same one. Raises DevClusterError
+    when none is free.
+    """
+    import fcntl
+
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    for number in range(first, last + 1):
+        if " sbx%dbr:" % number in links or " sbx%dbr@" % number in links:
+            continue
+        lock = open("/run/lock/slurmbox-dev-subnet-%d.lock" % number, "w")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            lock.close()
+            continue
+        _SUBNET_LOCKS.append(lock)
+        return number
+    raise DevClusterError("no free dev-cluster subnet between %d and %d" % (first, last))
+
+
 class DevClusterError(RuntimeError):
     """The dev cluster could not be started or stopped; the message says what to do."""
 

@@ -106,30 +106,11 @@ class Cluster:
         return out or "GONE"
 
 
-_SUBNET_LOCKS = []
-
-
 def _free_subnet():
-    """A dev-cluster subnet number no other cluster on this machine uses.
+    """A dev-cluster subnet no other cluster or test session on this machine uses."""
+    from slurmbox.dev_cluster.cluster import claim_free_subnet
 
-    A subnet is taken when its bridge ``sbxNbr`` exists or another test session
-    holds its lock file (kept open, and so locked, until this process exits).
-    """
-    import fcntl
-
-    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
-    for number in range(20, 250):
-        if " sbx%dbr:" % number in links or " sbx%dbr@" % number in links:
-            continue
-        lock = open("/run/lock/slurmbox-dev-subnet-%d.lock" % number, "w")
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            lock.close()
-            continue
-        _SUBNET_LOCKS.append(lock)
-        return number
-    raise RuntimeError("no free dev-cluster subnet")
+    return claim_free_subnet(20, 199)
 
 
 @pytest.fixture(scope="session")
