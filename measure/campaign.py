@@ -58,6 +58,31 @@ def visible_in_sandbox(path, uid, gid):
     return bundle.path_reachable(real, uid, [gid])
 
 
+def changeable_by_others(path):
+    """The first of ``path`` (symlinks resolved) and the directories above it that a user
+    other than root may change, or None when there is none.
+
+    Changeable: owned by a non-root user, or writable by a group other than root's or by
+    others (a directory with the sticky bit, such as /tmp, only guards its entries). The
+    root-run harness imports the task file, and its reference process imports it again, so
+    such a file would run that user's code as root. Mode bits as in stat(2) and chmod(2).
+    """
+    import stat
+
+    real = os.path.realpath(path)
+    chain = [real]
+    while chain[-1] != "/":
+        chain.append(os.path.dirname(chain[-1]))
+    for index, entry in enumerate(chain):
+        info = os.stat(entry)
+        guarded = index > 0 and info.st_mode & stat.S_ISVTX and info.st_uid == 0
+        if info.st_uid != 0:
+            return entry
+        if not guarded and (info.st_mode & 0o002 or (info.st_mode & 0o020 and info.st_gid != 0)):
+            return entry
+    return None
+
+
 def resolve_cpus(options, measurement_policy):
     """Fill ``options.harness_cpus``/``sandbox_cpus`` from the policy or the defaults; validate them.
 
@@ -95,6 +120,13 @@ def run_campaign(task_path, candidates, options=None, out=None, measurement_poli
     OSError; a candidate's own failures are results, not exceptions.
     """
     options = options or harness.MeasureOptions()
+    if os.geteuid() == 0:  # root imports the task: only a file no other user can change, by its resolved path
+        task_path = os.path.realpath(task_path)
+        changeable = changeable_by_others(task_path)
+        if changeable is not None:
+            raise ValueError("the task file %s runs as root here, but %s can be changed by a user other than root; "
+                             "keep trusted task files in root-owned directories that only root can write"
+                             % (task_path, changeable))
     # Slurm mode: the candidate's step runs as this user, so only the sandbox's masking hides the task.
     uid, gid = (options.uid, options.gid) if options.sandbox == "runsc" else (os.getuid(), os.getgid())
     if options.sandbox in ("runsc", "slurm") and visible_in_sandbox(task_path, uid, gid):

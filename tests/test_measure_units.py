@@ -450,6 +450,29 @@ def test_task_files_the_sandbox_could_read_are_refused(tmp_path):
                               measurement_policy={})
 
 
+def test_root_refuses_a_task_file_another_user_could_change(tmp_path):
+    """Root imports the task (and the reference process imports it again): a file or directory
+    that another user may change would run that user's code as root."""
+    from slurmbox.measure import campaign
+    if os.geteuid() != 0:
+        pytest.skip("the check applies to a root-run harness")
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    task_file = private / "task.py"
+    task_file.write_bytes(open(os.path.join(DATA, "matmul_task.py"), "rb").read())
+    assert campaign.changeable_by_others(str(task_file)) is None
+    os.chmod(str(private), 0o777)
+    assert campaign.changeable_by_others(str(task_file)) == str(private)
+    os.chmod(str(private), 0o700)
+    os.chown(str(task_file), 65534, 65534)
+    assert campaign.changeable_by_others(str(task_file)) == str(task_file)
+    link = tmp_path / "link.py"
+    os.symlink(str(task_file), str(link))
+    with pytest.raises(ValueError, match="can be changed by a user other than root"):
+        campaign.run_campaign(str(link), [("h", os.path.join(DATA, "honest.py"))], harness.MeasureOptions(),
+                              measurement_policy={})
+
+
 def test_slurm_mode_refuses_task_files_its_steps_could_read():
     """A Slurm-mode candidate runs as the harness's own user: only the sandbox's masked
     directories hide the task file from it, so a task outside them is refused too."""
