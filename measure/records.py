@@ -19,7 +19,6 @@ Layout (format ``slurmbox-measure/1``)::
 
 import json
 import math
-import os
 import time
 
 FORMAT = "slurmbox-measure/1"
@@ -46,22 +45,11 @@ def write_campaign(path, task, results, task_sha256=""):
     others can write, where a fixed name could be a symlink planted to make root
     overwrite another file. Raises OSError.
     """
-    import tempfile
-
     import h5py
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp",
-                               dir=os.path.dirname(os.path.abspath(path)))
-    try:
-        os.fchmod(fd, 0o644)
-        with os.fdopen(fd, "w+b") as stream, h5py.File(stream, "w") as handle:
-            _write_groups(handle, task, results, task_sha256)
-        os.replace(tmp, path)  # replaces a symlink at ``path`` itself, never its target
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+
+    from slurmbox.atomic_file import replace_atomically
+    with replace_atomically(path) as stream, h5py.File(stream, "w") as handle:
+        _write_groups(handle, task, results, task_sha256)
 
 
 def _write_groups(handle, task, results, task_sha256):

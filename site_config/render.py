@@ -228,7 +228,8 @@ def write_files(files, directory):
     /etc/slurm).
     """
     import stat
-    import tempfile
+
+    from slurmbox.atomic_file import replace_atomically
 
     os.makedirs(directory, exist_ok=True)
     info = os.stat(directory)
@@ -239,17 +240,7 @@ def write_files(files, directory):
     paths = []
     for name in sorted(files):
         path = os.path.join(directory, name)
-        fd, tmp = tempfile.mkstemp(prefix="." + name + ".", suffix=".tmp", dir=directory)
-        try:
-            with os.fdopen(fd, "w") as handle:
-                os.fchmod(handle.fileno(), 0o644)
-                handle.write(files[name])
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+        with replace_atomically(path) as handle:
+            handle.write(files[name].encode())
         paths.append(path)
     return paths
