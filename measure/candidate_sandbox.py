@@ -38,6 +38,8 @@ RUNTIME_DIR = "/run/slurmbox-measure"
 RUNNER_FILES = ("runner.py", "protocol.py")
 LOG_LIMIT = 64 * 1024
 NOBODY = 65534
+#: Memory limit of a candidate's sandbox (MB, 0 = none): a candidate must not be able to exhaust the node.
+MEMORY_LIMIT_MB = 4096
 
 
 class _TeardownGuard:
@@ -234,7 +236,8 @@ class SandboxedCandidate(_Candidate):
     """A candidate in a runsc sandbox (see module doc).
 
     ``cpus``: set of CPUs for the sandbox (None: no cpuset restriction, only
-    accounting). ``priority``: with ``cpus``, the maximum CPU weight (a
+    accounting). ``memory_limit_mb``: cgroup memory limit of the whole sandbox
+    (MB; 0 = none); over it the sandbox is killed and the candidate fails. ``priority``: with ``cpus``, the maximum CPU weight (a
     measured candidate); False for other sandboxes such as a benchmark's
     neighbour. ``platform``: runsc platform or "auto". Use as a context
     manager or call start()/stop(); stop() always kills and deletes the
@@ -242,8 +245,9 @@ class SandboxedCandidate(_Candidate):
     """
 
     def __init__(self, candidate_path, label, cpus=None, platform="auto", uid=NOBODY, gid=NOBODY,
-                 start_timeout=60.0, extra_runsc_flags=(), gpus=(), priority=True):
+                 start_timeout=60.0, extra_runsc_flags=(), gpus=(), priority=True, memory_limit_mb=MEMORY_LIMIT_MB):
         super().__init__(candidate_path, label, uid, gid, start_timeout)
+        self.memory_limit_mb = memory_limit_mb
         self.gpus = list(gpus)
         self.device_plan = None
         self.cpus = set(cpus) if cpus else None
@@ -276,6 +280,8 @@ class SandboxedCandidate(_Candidate):
             [{"type": "RLIMIT_NOFILE", "soft": 1024, "hard": 1024}, {"type": "RLIMIT_CORE", "soft": 0, "hard": 0}])
         spec = bundle.build_spec(process, request, "candidate", [], plan.devices if plan is not None else [])
         spec["linux"]["cgroupsPath"] = self.cgroups_path
+        if self.memory_limit_mb:  # the whole sandbox (gVisor's kernel, the candidate and its tmpfs files)
+            spec["linux"]["resources"]["memory"] = {"limit": self.memory_limit_mb * 1024 * 1024}
         if self.cpus:
             with open("/sys/fs/cgroup/cpuset/cpuset.mems" if isolation.cgroup_version() == 1
                       else "/sys/fs/cgroup/cpuset.mems.effective") as handle:
@@ -341,8 +347,8 @@ class SandboxedCandidate(_Candidate):
             except subprocess.TimeoutExpired:
                 pass
         if self.runsc_prefix is not None:
-            subprocess.run(self.runsc_prefix + ["kill", self.id, "KILL"], capture_output=True, check=False)
-            subprocess.run(self.runsc_prefix + ["delete", "--force", self.id], capture_output=True, check=False)
+            subprocess.run(self.runsc_prefix + ["kill", self.id, "KILL"], capture_output=True, check=False, input=b"")
+            subprocess.run(self.runsc_prefix + ["delete", "--force", self.id], capture_output=True, check=False, input=b"")
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(timeout=10)

@@ -147,7 +147,7 @@ def runsc_status(step_dir, container):
     argv = _runsc_argv(step_dir, "state", container)
     if argv is None:
         return None
-    proc = subprocess.run(argv, capture_output=True, text=True)
+    proc = subprocess.run(argv, capture_output=True, text=True, input="")  # never our stdin: runsc may re-own it
     if proc.returncode != 0:
         return None
     try:
@@ -279,7 +279,7 @@ def kill(entry, reason="killed by an administrator"):
     argv = _runsc_argv(entry.step_dir, "kill", "--all", "slurmbox-" + entry.id, "KILL")
     if argv is None:
         raise SandboxError("sandbox %s on %s is not running (its supervisor is gone)" % (entry.id, entry.node))
-    proc = subprocess.run(argv, capture_output=True, text=True)
+    proc = subprocess.run(argv, capture_output=True, text=True, input="")  # never our stdin: runsc may re-own it
     if proc.returncode != 0:
         raise SandboxError("runsc could not kill %s on %s: %s" % (entry.id, entry.node,
                                                                   proc.stderr.strip() or "no running sandbox"))

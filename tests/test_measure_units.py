@@ -481,3 +481,13 @@ def test_slurm_mode_refuses_task_files_its_steps_could_read():
     with pytest.raises(ValueError, match="readable inside"):
         campaign.run_campaign("/etc/hostname", [("h", os.path.join(DATA, "honest.py"))], options,
                               measurement_policy={})
+
+
+def test_candidate_sandbox_has_a_memory_limit():
+    from slurmbox.measure.candidate_sandbox import MEMORY_LIMIT_MB, SandboxedCandidate
+    default = SandboxedCandidate(os.path.join(DATA, "honest.py"), "t").build_spec()
+    assert default["linux"]["resources"]["memory"] == {"limit": MEMORY_LIMIT_MB * 1024 * 1024}
+    small = SandboxedCandidate(os.path.join(DATA, "honest.py"), "t", memory_limit_mb=256).build_spec()
+    assert small["linux"]["resources"]["memory"] == {"limit": 256 * 1024 * 1024}
+    unlimited = SandboxedCandidate(os.path.join(DATA, "honest.py"), "t", memory_limit_mb=0).build_spec()
+    assert "memory" not in unlimited["linux"]["resources"]
