@@ -224,6 +224,11 @@ class _Candidate:
         for drain in self.drains:
             drain.join(timeout=5)
 
+    def stop(self):
+        """Tear the candidate down (its kind's ``_stop``) with SIGTERM held back, so never halfway."""
+        with _TeardownGuard():
+            self._stop()
+
     def __enter__(self):
         self.start()
         return self
@@ -334,12 +339,8 @@ class SandboxedCandidate(_Candidate):
             self.stop()
             raise
 
-    def stop(self):
-        """Close the channel, end the container (runsc kill/delete), remove the staging directory."""
-        with _TeardownGuard():
-            self._stop()
-
     def _stop(self):
+        """Close the channel, end the container (runsc kill/delete), remove the staging directory."""
         self._close_channel()
         if self.proc is not None:
             try:
@@ -393,12 +394,8 @@ class BareCandidate(_Candidate):
             self.stop()
             raise
 
-    def stop(self):
-        """Close the channel, kill everything left in the cgroup, remove cgroup and staging directory."""
-        with _TeardownGuard():
-            self._stop()
-
     def _stop(self):
+        """Close the channel, kill everything left in the cgroup, remove cgroup and staging directory."""
         self._close_channel()
         if self.proc is not None:
             try:

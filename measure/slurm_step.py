@@ -112,12 +112,8 @@ class SlurmStepCandidate(cs._Candidate):
     def channel_leftovers(self):
         return []
 
-    def stop(self):
-        """Close the channel (the step ends), wait for srun, remove the stage directory."""
-        with cs._TeardownGuard():
-            self._stop()
-
     def _stop(self):
+        """Close the channel (the step ends), wait for srun, remove the stage directory."""
         if self.conn is not None:
             try:
                 self.conn.settimeout(2)
