@@ -82,7 +82,7 @@ def write_record(step_dir, record, uid):
 
 @dataclass
 class SandboxEntry:
-    """One sandbox as ``slurmbox sandbox ls`` shows it; ``age_s`` in seconds.
+    """One sandbox as ``slurmbox sandbox ls`` shows it; ``age_s`` in seconds; ``uid`` -1 when not known yet.
 
     ``state``: runsc's container status (``running``, ``created``, ``stopped``)
     when root asks, ``starting`` before the sandbox has a record, ``ending``
@@ -165,7 +165,7 @@ def _entry(step_dir, node, as_root):
     except OSError:
         return None
     if record is None:
-        uid, user, created = info.st_gid, "?", info.st_mtime
+        uid, user, created = -1, "?", info.st_mtime  # root learns the owner from the socket below
         state = "starting"
     else:
         uid, user, created = record["uid"], record["user"], record["created"]

@@ -93,6 +93,9 @@ class Supervisor:
         self.finished = 0
         self.brokers = []
         self.done = threading.Event()
+        self.profile = None         # the step's site profile (compiled.Profile), set by _prepare
+        self.recorded = False       # the sandbox record for `slurmbox sandbox` is written
+        self.wall_timer = None      # enforces profile.wall_limit_s once the first task started
         self.policy = None
         self.task = None            # migrate.sandbox_task.CheckpointableTask of a batch step's init, if any
 
@@ -274,7 +277,7 @@ class Supervisor:
         """Kill the whole sandbox once the profile's ``wall_limit_s`` has passed (first task starts it)."""
         limit = getattr(self.profile, "wall_limit_s", 0)
         with self.lock:
-            if not limit or getattr(self, "wall_timer", None) is not None:
+            if not limit or self.wall_timer is not None:
                 return
             stderr_fd = os.dup(stderr_fd)  # the task's own fd closes when its launcher's connection ends
             message = ("slurmbox: error: the sandbox profile's wall limit of %d s was reached; killing the step's "
@@ -295,7 +298,7 @@ class Supervisor:
     def _record_once(self, request, plan, spec, prefix):
         """Write the sandbox's record for `slurmbox sandbox ls/inspect` (first task only)."""
         with self.lock:
-            if getattr(self, "recorded", False):
+            if self.recorded:
                 return
             self.recorded = True
         from slurmbox.sandbox import registry
@@ -607,7 +610,7 @@ class Supervisor:
 
     def teardown(self):
         """Delete the sandbox and the step's bundle; idempotent."""
-        if getattr(self, "wall_timer", None) is not None:
+        if self.wall_timer is not None:
             self.wall_timer.cancel()
         for broker in self.brokers:
             broker.stop()
