@@ -22,16 +22,20 @@ candidate the other, and the neighbour must share the harness's CPU.
 """
 
 import argparse
+import atexit
 import dataclasses
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-TASK = os.path.join(HERE, "measure_compute_task.py")
+TASK_SOURCE = os.path.join(HERE, "measure_compute_task.py")
+TASK = None  # a private copy of TASK_SOURCE, made by main(): the harness refuses task files a sandbox could read
 CANDIDATE = os.path.join(HERE, "measure_compute_candidate.py")
 NEIGHBOUR = os.path.join(HERE, "measure_neighbour.py")
 
@@ -90,6 +94,12 @@ def main(argv=None):
     from slurmbox.measure.candidate_sandbox import SandboxedCandidate
     from slurmbox.measure.harness import MeasureOptions
     from slurmbox.measure.policy import default_cpus
+
+    global TASK
+    private = tempfile.mkdtemp(prefix="slurmbox-bench-task-")  # 0700, and /tmp is masked in sandboxes
+    TASK = os.path.join(private, "measure_compute_task.py")
+    shutil.copyfile(TASK_SOURCE, TASK)
+    atexit.register(shutil.rmtree, private, True)
 
     harness_cpus, sandbox_cpus = default_cpus()
     rule = stats.StoppingRule(min_samples=20, min_time=1.0, max_noise=0.005, max_wall=args.max_wall, warmup_samples=5)

@@ -144,3 +144,26 @@ def workdir():
 def user_ids():
     entry = pwd.getpwnam(TEST_USER)
     return entry.pw_uid, entry.pw_gid
+
+
+MEASURE_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "measure")
+
+
+@pytest.fixture(scope="session")
+def measure_data(tmp_path_factory):
+    """A private copy of tests/data/measure (a 0700 directory): the harness refuses task files a
+    sandbox could read, and a clone of this repository may sit anywhere (/work, /check, ...).
+
+    ``@TASK_PATH@`` in the candidates is replaced by the staged matmul task's path, so that
+    exploit 3 tries to read the very file the harness imports.
+    """
+    staged = tmp_path_factory.mktemp("measure-data")
+    os.chmod(str(staged), 0o700)
+    task_path = os.path.join(str(staged), "matmul_task.py")
+    for name in os.listdir(MEASURE_DATA):
+        if name.endswith(".py"):
+            with open(os.path.join(MEASURE_DATA, name)) as source:
+                text = source.read().replace("@TASK_PATH@", task_path)
+            with open(os.path.join(str(staged), name), "w") as target:
+                target.write(text)
+    return str(staged)

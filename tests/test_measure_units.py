@@ -393,14 +393,14 @@ def test_gpu_fingerprint_throttle_and_clock_lock_through_nvml(monkeypatch):
     assert gpu.foreign_processes([0]) == {0: [4242]}
 
 
-def test_campaign_refuses_gpus_in_use_when_the_site_wants_them_exclusive(monkeypatch):
+def test_campaign_refuses_gpus_in_use_when_the_site_wants_them_exclusive(monkeypatch, measure_data):
     import sys
 
     from slurmbox.measure import campaign
     monkeypatch.setitem(sys.modules, "pynvml", _FakeNvml())
     options = harness.MeasureOptions(gpus=("/dev/nvidia0",), gpu_indices=(0,), isolation=False)
     with pytest.raises(isolation.IsolationError, match="GPU 0: pids \\[4242\\]"):
-        campaign.run_campaign(os.path.join(DATA, "matmul_task.py"), [("h", os.path.join(DATA, "honest.py"))],
+        campaign.run_campaign(os.path.join(measure_data, "matmul_task.py"), [("h", os.path.join(DATA, "honest.py"))],
                               options, measurement_policy={"exclusive_gpus": True})
 
 
@@ -440,9 +440,9 @@ def test_probe_schedule_is_secret_distinct_and_leaves_room_for_a_repeat():
         assert not hidden & repeats and min(repeats) >= 2 and max(hidden | repeats) < 10
 
 
-def test_task_files_the_sandbox_could_read_are_refused(tmp_path):
+def test_task_files_the_sandbox_could_read_are_refused(measure_data):
     from slurmbox.measure import campaign
-    assert not campaign.visible_in_sandbox(os.path.join(DATA, "matmul_task.py"), 65534, 65534)  # under /work
+    assert not campaign.visible_in_sandbox(os.path.join(measure_data, "matmul_task.py"), 65534, 65534)  # 0700 dir
     assert campaign.visible_in_sandbox("/etc/hostname", 65534, 65534)
     options = harness.MeasureOptions()
     with pytest.raises(ValueError, match="readable inside"):
