@@ -6,30 +6,186 @@ build's ``--leave-running`` never returns, so it is not used); ``runsc
 restore --image-path=DIR --bundle B ID`` starts a sandbox from it, and without
 ``--detach`` waits for it and exits with its init's status, like ``runsc
 run`` (runsc(8) ``runsc help checkpoint``/``restore``; seen on the 2022 build).
+
+runsc builds differ in their ``checkpoint`` flags (recorded outputs in
+tests/data/runsc/):
+
+- 0.0~20221219 (Debian 12) has only ``-image-path``, ``-leave-running`` and
+  ``-work-path``, and always compresses the image with flate at best speed
+  (gVisor's pkg/state/statefile of that release);
+- 0.0~20240729 (Debian 13) adds ``-compression none|flate-best-speed``
+  (default flate-best-speed), ``-direct`` (O_DIRECT for the pages file) and
+  ``-exclude-committed-zero-pages``.
+
+The flags of the installed runsc are read from its ``checkpoint --help`` once
+per binary (cached by path, size and mtime, like
+slurmbox.sandbox.runsc.capabilities). The site's
+``checkpoint_store.compression`` is passed as ``-compression`` where runsc
+has the flag; a build without it writes flate-compressed images whatever the
+setting says, and the manifest records the compression actually used.
+
+Standard library only (the supervisor imports it).
 """
 
+import json
+import os
+import re
 import subprocess
 import time
 
-from slurmbox.migrate.store import CheckpointError
+from slurmbox.migrate.store import IMAGE_COMPRESSIONS, CheckpointError
+
+#: Image compression of runsc builds without a ``-compression`` flag: gVisor's statefile
+#: writer always used flate at best speed before the flag existed (pkg/state/statefile).
+BUILTIN_COMPRESSION = "flate-best-speed"
+#: Cache file of checkpoint_features, in the cache directory given (the node's runtime directory).
+FEATURES_CACHE = "runsc-checkpoint-flags.json"
+#: Go's flag package usage lines: "  -name [type]" then a tab-indented description (pkg flag PrintDefaults).
+_FLAG_LINE = re.compile(r"^  -{1,2}([A-Za-z0-9][A-Za-z0-9_.-]*)(?:[ \t]+(\S+))?[ \t]*$")
+_VALUES = re.compile(r"Values:\s*([A-Za-z0-9_.-]+(?:\|[A-Za-z0-9_.-]+)+)")
+_DEFAULT = re.compile(r"\(default ([^)]*)\)")
+_memo = {}
 
 
 class CheckpointFailed(CheckpointError):
     """``runsc checkpoint`` failed; the sandbox is stopped and its state since the previous checkpoint lost."""
 
 
-def checkpoint_sandbox(prefix, container_id, pending, manifest_fields, spec, extra_flags=()):
+def parse_checkpoint_help(text):
+    """Flags of a ``runsc checkpoint --help`` output (str; Go flag package format).
+
+    Returns ``{name: {"type": "bool"|TYPE, "values": [str] or None,
+    "default": str or None}}``; ``values`` is the "Values: a|b" list of a
+    choice flag (e.g. ``compression``). An unrecognised text gives ``{}``.
+    """
+    flags, current = {}, None
+    for line in (text or "").splitlines():
+        match = _FLAG_LINE.match(line)
+        if match:
+            current = flags[match.group(1)] = {"type": match.group(2) or "bool", "values": None, "default": None,
+                                               "usage": ""}
+            continue
+        if current is not None and line.startswith("    "):
+            current["usage"] = (current["usage"] + " " + line.strip()).strip()
+    for entry in flags.values():
+        values = _VALUES.search(entry["usage"])
+        default = _DEFAULT.search(entry["usage"])
+        entry["values"] = values.group(1).rstrip(".").split("|") if values else None
+        entry["default"] = default.group(1) if default else None
+        del entry["usage"]
+    return flags
+
+
+def checkpoint_features(runsc, cache_dir=None):
+    """What ``runsc checkpoint`` of the binary at ``runsc`` (path) supports.
+
+    Returns ``{"key": str, "version": str, "flags": parse_checkpoint_help(...)}``.
+    Cached in ``cache_dir``/runsc-checkpoint-flags.json when ``cache_dir`` is
+    given (else in this process), keyed by the binary's path, size and mtime.
+    Raises CheckpointError when the binary cannot be run.
+    """
+    try:
+        info = os.stat(runsc)
+    except OSError as err:
+        raise CheckpointError("cannot read the runsc binary %s: %s" % (runsc, err))
+    key = "%s:%d:%d" % (runsc, info.st_size, info.st_mtime_ns)
+    cache = os.path.join(cache_dir, FEATURES_CACHE) if cache_dir else None
+    if key in _memo:
+        return _memo[key]
+    if cache:
+        try:
+            with open(cache) as handle:
+                data = json.load(handle)
+            if data.get("key") == key:
+                _memo[key] = data
+                return data
+        except (OSError, ValueError):
+            pass
+    try:
+        listing = subprocess.run([runsc, "checkpoint", "--help"], capture_output=True, text=True, check=False,
+                                 stdin=subprocess.DEVNULL, timeout=60)
+        version = subprocess.run([runsc, "--version"], capture_output=True, text=True, check=False,
+                                 stdin=subprocess.DEVNULL, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired) as err:
+        raise CheckpointError("cannot run %s to read its checkpoint flags: %s" % (runsc, err))
+    first = version.splitlines()[0] if version.strip() else "unknown"
+    data = {"key": key, "version": first.replace("runsc version ", "").strip(),
+            "flags": parse_checkpoint_help(listing.stdout + listing.stderr)}
+    _memo[key] = data
+    if cache:
+        try:
+            os.makedirs(cache_dir, exist_ok=True)
+            tmp = "%s.%d" % (cache, os.getpid())
+            with open(tmp, "w") as handle:
+                json.dump(data, handle)
+            os.replace(tmp, cache)
+        except OSError:
+            pass  # the cache only saves a runsc call
+    return data
+
+
+def checkpoint_flags(features, compression="none", direct=False, extra_flags=()):
+    """The ``runsc checkpoint`` flags for the site's image ``compression`` and runsc ``features``.
+
+    ``features``: checkpoint_features() of the runsc used; ``compression``:
+    the site's checkpoint_store.compression ("none" or "flate-best-speed");
+    ``direct``: ask for O_DIRECT writes of the pages file where runsc has
+    ``-direct`` (ignored otherwise); ``extra_flags``: appended as given (e.g.
+    the CUDA checkpoint flag). Returns (list of flags, the image compression
+    runsc will use). Raises CheckpointError for a compression slurmbox does not
+    know or this runsc's ``-compression`` does not list.
+    """
+    if compression not in IMAGE_COMPRESSIONS:
+        raise CheckpointError("checkpoint_store.compression=%r is not supported; use one of: %s"
+                              % (compression, ", ".join(IMAGE_COMPRESSIONS)))
+    known = features.get("flags") or {}
+    flags = []
+    option = known.get("compression")
+    if option is None:
+        effective = BUILTIN_COMPRESSION  # the build always compresses; nothing to choose
+    else:
+        if option.get("values") and compression not in option["values"]:
+            raise CheckpointError("runsc %s cannot write checkpoint images with compression %r (its -compression "
+                                  "takes %s); change checkpoint_store.compression in the site configuration"
+                                  % (features.get("version", "?"), compression, "|".join(option["values"])))
+        flags.append("--compression=%s" % compression)
+        effective = compression
+    if direct and "direct" in known:
+        flags.append("--direct")
+    return flags + list(extra_flags), effective
+
+
+def checkpoint_argv(prefix, image_dir, container_id, flags=()):
+    """The ``runsc checkpoint`` command line (list): ``prefix`` (binary and global flags), ``flags``, image, id."""
+    return prefix + ["checkpoint", *flags, "--image-path", image_dir, container_id]
+
+
+def checkpoint_sandbox(prefix, container_id, pending, manifest_fields, spec, extra_flags=(), cache_dir=None,
+                       direct=False):
     """Checkpoint container ``container_id`` into ``pending`` (a store.PendingCheckpoint) and publish it.
 
     ``prefix``: the runsc command prefix (binary and global flags);
     ``manifest_fields``: dict recorded in the manifest (node, reason, ...);
     ``spec``: the sandbox's OCI spec (dict); ``extra_flags``: flags for
-    ``runsc checkpoint`` (e.g. its CUDA checkpoint flag for GPU sandboxes). Returns (Checkpoint, seconds the
-    runsc checkpoint took). Raises CheckpointFailed when runsc fails (the
-    partial image is removed) and store errors from publishing.
+    ``runsc checkpoint`` (e.g. its CUDA checkpoint flag for GPU sandboxes);
+    ``cache_dir``: where checkpoint_features caches runsc's flags; ``direct``:
+    see checkpoint_flags. The image compression is the store's
+    (``pending.store.compression``). The manifest's ``runsc`` entry gets
+    ``version``, ``checkpoint_flags`` and ``image_compression``. Returns
+    (Checkpoint, seconds the runsc checkpoint took). Raises CheckpointFailed
+    when runsc fails (the partial image is removed), CheckpointError when the
+    compression setting cannot be honoured (nothing was stopped) and store
+    errors from publishing.
     """
+    try:
+        features = checkpoint_features(prefix[0], cache_dir)
+        flags, compression = checkpoint_flags(features, getattr(pending.store, "compression", "none"), direct,
+                                              extra_flags)
+    except CheckpointError:
+        pending.abort()
+        raise
     started = time.monotonic()
-    result = subprocess.run(prefix + ["checkpoint", *extra_flags, "--image-path", pending.image_dir, container_id],
+    result = subprocess.run(checkpoint_argv(prefix, pending.image_dir, container_id, flags),
                             capture_output=True, text=True, check=False)
     took = time.monotonic() - started
     if result.returncode != 0:
@@ -38,6 +194,8 @@ def checkpoint_sandbox(prefix, container_id, pending, manifest_fields, spec, ext
         raise CheckpointFailed("runsc checkpoint failed (exit %d): %s" % (result.returncode,
                                                                           detail[-1] if detail else "no message"))
     fields = dict(manifest_fields)
+    fields["runsc"] = dict(fields.get("runsc") or runsc_description(prefix), version=features.get("version"),
+                           checkpoint_flags=flags, image_compression=compression)
     fields.setdefault("runsc_checkpoint_s", round(took, 3))
     return pending.publish(fields, spec), took
 
@@ -48,5 +206,9 @@ def restore_argv(prefix, image_dir, bundle_dir, container_id):
 
 
 def runsc_description(prefix):
-    """Manifest ``runsc`` entry: binary path and global flags from the command ``prefix``."""
+    """Manifest ``runsc`` entry: binary path and global flags from the command ``prefix``.
+
+    checkpoint_sandbox adds ``version``, ``checkpoint_flags`` (list) and
+    ``image_compression`` ("none" or "flate-best-speed").
+    """
     return {"binary": prefix[0], "flags": list(prefix[1:])}

@@ -243,7 +243,7 @@ class CheckpointableTask:
                       "runsc": runsc_description(self.prefix),
                       "batch_script_sha256": self.sup.batch_script_sha256()}
             ckpt, took = checkpoint_sandbox(self.prefix, self.sup.container_id, pending, fields, self.spec,
-                                            self.checkpoint_flags)
+                                            self.checkpoint_flags, cache_dir=self.sup.node_dir)
             size_mb = sum(f.get("size", 0) for f in (ckpt.manifest or {}).get("files", [])) / 1e6
             evacuation.checkpoint = ckpt.path
             self.sup.say(self.err_fd, "%s: checkpointed job %s as %s (%.1f MB, runsc checkpoint %.2f s)"

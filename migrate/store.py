@@ -41,6 +41,9 @@ SPEC = "spec.json"
 _CKPT = re.compile(r"^ckpt-(\d{6,})$")
 _TMP = re.compile(r"^\.tmp-(\d{6,})-(\d+)-[0-9a-f]+$")
 _NAME = re.compile(r"^[A-Za-z0-9_.+-]{1,64}$")
+#: Image compressions of ``runsc checkpoint -compression`` (gVisor pkg/state/statefile:
+#: "none" and "flate-best-speed"), the values of checkpoint_store.compression.
+IMAGE_COMPRESSIONS = ("none", "flate-best-speed")
 
 
 class CheckpointError(RuntimeError):
@@ -203,17 +206,22 @@ class CheckpointStore:
     """The store rooted at ``root`` (see module docstring).
 
     ``keep_last``: published checkpoints kept per step (>= 1);
-    ``compression``: only "none" is supported (runsc writes the image);
+    ``compression``: the image compression asked of ``runsc checkpoint``, one
+    of IMAGE_COMPRESSIONS (see slurmbox.migrate.runsc_checkpoint: runsc
+    builds without a ``-compression`` flag always write flate);
     ``min_free_mb``: refuse to start a checkpoint with less free space.
+    Raises CheckpointError for any other compression or keep_last < 1.
     """
 
     def __init__(self, root, keep_last=2, compression="none", min_free_mb=0):
-        if compression != "none":
-            raise CheckpointError("checkpoint_store.compression=%r is not supported; use 'none'" % compression)
+        if compression not in IMAGE_COMPRESSIONS:
+            raise CheckpointError("checkpoint_store.compression=%r is not supported; use one of: %s"
+                                  % (compression, ", ".join(IMAGE_COMPRESSIONS)))
         if int(keep_last) < 1:
             raise CheckpointError("checkpoint_store.keep_last must be at least 1, not %r" % keep_last)
         self.root = os.path.abspath(root)
         self.keep_last = int(keep_last)
+        self.compression = compression
         self.min_free_mb = int(min_free_mb or 0)
         self.warnings = []
 
@@ -425,7 +433,7 @@ def store_from_policy(policy):
 
     Reads ``policy.checkpoint_store`` (path, keep_last, compression,
     min_free_mb); sites without that setting get /var/lib/slurmbox/checkpoints,
-    keep 2, no compression, no free-space floor.
+    keep 2, compression "none", no free-space floor.
     """
     settings = getattr(policy, "checkpoint_store", None)
     if isinstance(settings, dict):

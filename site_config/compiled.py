@@ -68,7 +68,7 @@ class PartitionPolicy:
 @dataclass(frozen=True)
 class CheckpointStore:
     """Where checkpoint images live: ``path`` (a directory every node sees),
-    ``keep_last`` images kept per job, ``compression`` none|gzip|zstd of the
+    ``keep_last`` images kept per job, ``compression`` none|flate-best-speed of the
     stored image, and ``min_free_mb`` (MB) that must stay free before a new
     checkpoint is written (0 = no floor)."""
 

@@ -52,8 +52,9 @@ DEFAULT_DEVICE_FILES = {
     "tpu": lambda n: "/dev/accel[0-%d]" % (n - 1),
     "trainium": lambda n: "/dev/neuron[0-%d]" % (n - 1),
 }
-#: Checkpoint image compressions the checkpoint store implements (slurmbox.migrate.store).
-SUPPORTED_COMPRESSION = ("none",)
+#: Checkpoint image compressions slurmbox can ask of ``runsc checkpoint -compression``
+#: (slurmbox.migrate.store.IMAGE_COMPRESSIONS; runsc builds without the flag always write flate).
+SUPPORTED_COMPRESSION = ("none", "flate-best-speed")
 #: runsc flags slurmbox sets itself (sandbox/runsc.py, sandbox/supervisor.py); a profile may not override them.
 RESERVED_RUNSC_FLAGS = {
     "root": "each node's runsc state directory is slurmbox's",
@@ -262,15 +263,15 @@ class CheckpointStoreModel(_Strict):
 
     path: str = "/var/lib/slurmbox/checkpoints"
     keep_last: int = Field(2, ge=1, le=1000)
-    compression: Literal["none", "gzip", "zstd"] = "none"
+    compression: Literal["none", "flate-best-speed", "gzip", "zstd"] = "none"
     min_free_mb: int = Field(0, ge=0)
 
     @field_validator("compression")
     @classmethod
     def _supported(cls, value):
         if value not in SUPPORTED_COMPRESSION:
-            raise ValueError("compression %r is not supported yet by slurmbox's checkpoint store "
-                             "(slurmbox.migrate.store keeps runsc's image as written); use none" % value)
+            raise ValueError("compression %r is not supported yet: runsc writes the checkpoint image itself and "
+                             "knows only none and flate-best-speed" % value)
         return value
 
     @field_validator("path")

@@ -296,7 +296,8 @@ def test_checkpoint_command_line_and_failure_cleanup(store, tmp_path):
     from slurmbox.migrate.runsc_checkpoint import CheckpointFailed, checkpoint_sandbox
 
     fake = tmp_path / "fake-runsc"  # records its argv as the image, as runsc would write checkpoint.img
-    fake.write_text("#!/bin/sh\nall=\"$*\"\nwhile [ \"$1\" != --image-path ]; do shift; done\n"
+    fake.write_text("#!/bin/sh\ncase \"$*\" in *--help*|*--version*) exit 0;; esac\n"  # no flags to report
+                    "all=\"$*\"\nwhile [ \"$1\" != --image-path ]; do shift; done\n"
                     "[ \"$3\" = fail ] && { echo 'checkpoint failed: boom' >&2; exit 128; }\n"
                     "echo \"$all\" > \"$2/checkpoint.img\"\n")
     fake.chmod(0o755)

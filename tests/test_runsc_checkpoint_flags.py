@@ -1,0 +1,170 @@
+"""runsc checkpoint flag detection and the command lines built for each runsc build.
+
+Uses ``runsc checkpoint --help`` outputs recorded from Debian 12's and Debian
+13's runsc (tests/data/runsc/SOURCES.md) and a fake runsc printing them.
+"""
+
+import json
+import os
+
+import pytest
+
+from slurmbox.migrate import runsc_checkpoint as rc
+from slurmbox.migrate.store import IMAGE_COMPRESSIONS, CheckpointError, CheckpointStore
+
+DATA = os.path.join(os.path.dirname(__file__), "data", "runsc")
+OLD, NEW = "20221219", "20240729"
+
+
+def recorded(kind, version):
+    with open(os.path.join(DATA, "%s-%s.txt" % (kind, version))) as handle:
+        return handle.read()
+
+
+def fake_runsc(tmp_path, version, name="runsc"):
+    """A script answering ``checkpoint --help`` and ``--version`` as the recorded build did, counting calls,
+    and recording the argv of a real checkpoint as the image file."""
+    directory = tmp_path / ("bin-%s" % version)
+    directory.mkdir(exist_ok=True)
+    (directory / "help.txt").write_text(recorded("checkpoint-help", version))
+    (directory / "version.txt").write_text(recorded("version", version))
+    script = directory / name
+    script.write_text(
+        "#!/bin/sh\nd=$(dirname \"$0\")\necho x >> \"$d/calls\"\n"
+        "case \"$*\" in *--version*) cat \"$d/version.txt\"; exit 0;; *--help*) cat \"$d/help.txt\" >&2; exit 0;; esac\n"
+        "all=\"$*\"\nwhile [ \"$1\" != --image-path ]; do shift; done\necho \"$all\" > \"$2/checkpoint.img\"\n")
+    script.chmod(0o755)
+    return str(script), directory / "calls"
+
+
+def test_parse_old_build_has_no_compression_flag():
+    flags = rc.parse_checkpoint_help(recorded("checkpoint-help", OLD))
+    assert sorted(flags) == ["image-path", "leave-running", "work-path"]
+    assert flags["leave-running"]["type"] == "bool" and flags["image-path"]["type"] == "string"
+
+
+def test_parse_new_build_lists_compression_values_and_default():
+    flags = rc.parse_checkpoint_help(recorded("checkpoint-help", NEW))
+    assert sorted(flags) == ["compression", "direct", "exclude-committed-zero-pages", "image-path",
+                             "leave-running", "work-path"]
+    assert flags["compression"]["values"] == ["none", "flate-best-speed"]
+    assert flags["compression"]["default"] == "flate-best-speed"
+    assert flags["direct"] == {"type": "bool", "values": None, "default": None}
+
+
+def test_parse_unrecognised_text_gives_no_flags():
+    assert rc.parse_checkpoint_help("") == {}
+    assert rc.parse_checkpoint_help("flag provided but not defined: -help\n") == {}
+
+
+@pytest.mark.parametrize("version,compression,direct,expected_flags,expected_effective", [
+    (OLD, "none", False, [], "flate-best-speed"),  # the 2022 build always compresses
+    (OLD, "flate-best-speed", False, [], "flate-best-speed"),
+    (OLD, "none", True, [], "flate-best-speed"),  # no -direct there: not passed
+    (NEW, "none", False, ["--compression=none"], "none"),
+    (NEW, "flate-best-speed", False, ["--compression=flate-best-speed"], "flate-best-speed"),
+    (NEW, "none", True, ["--compression=none", "--direct"], "none"),
+])
+def test_flags_for_each_build(version, compression, direct, expected_flags, expected_effective):
+    features = {"version": version, "flags": rc.parse_checkpoint_help(recorded("checkpoint-help", version))}
+    flags, effective = rc.checkpoint_flags(features, compression, direct, ["--nvproxy-checkpoint"])
+    assert flags == expected_flags + ["--nvproxy-checkpoint"]
+    assert effective == expected_effective
+
+
+def test_unknown_compression_is_refused_with_the_choices():
+    features = {"version": NEW, "flags": rc.parse_checkpoint_help(recorded("checkpoint-help", NEW))}
+    with pytest.raises(CheckpointError, match="none, flate-best-speed"):
+        rc.checkpoint_flags(features, "zstd")
+
+
+def test_compression_a_runsc_does_not_list_is_refused():
+    features = {"version": "future", "flags": {"compression": {"type": "value", "values": ["none", "zstd"],
+                                                               "default": "zstd"}}}
+    with pytest.raises(CheckpointError, match="runsc future cannot write.*flate-best-speed.*none\\|zstd"):
+        rc.checkpoint_flags(features, "flate-best-speed")
+
+
+def test_store_accepts_exactly_the_runsc_compressions(tmp_path):
+    assert IMAGE_COMPRESSIONS == ("none", "flate-best-speed")
+    assert CheckpointStore(str(tmp_path), compression="flate-best-speed").compression == "flate-best-speed"
+    with pytest.raises(CheckpointError, match="one of: none, flate-best-speed"):
+        CheckpointStore(str(tmp_path), compression="gzip")
+
+
+def test_site_model_accepts_flate_best_speed_and_refuses_others():
+    from pydantic import ValidationError
+
+    from slurmbox.site_config.model import CheckpointStoreModel
+
+    assert CheckpointStoreModel(compression="flate-best-speed").compression == "flate-best-speed"
+    assert CheckpointStoreModel().compression == "none"
+    with pytest.raises(ValidationError, match="knows only none and flate-best-speed"):
+        CheckpointStoreModel(compression="zstd")
+
+
+def test_features_are_detected_once_per_binary_and_cached(tmp_path):
+    rc._memo.clear()
+    binary, calls = fake_runsc(tmp_path, NEW)
+    cache = tmp_path / "cache"
+    features = rc.checkpoint_features(binary, str(cache))
+    assert features["version"] == "0.0~20240729.0"
+    assert features["flags"]["compression"]["values"] == ["none", "flate-best-speed"]
+    assert len(calls.read_text().split()) == 2  # checkpoint --help and --version
+    rc._memo.clear()  # a new process: the file cache answers
+    assert rc.checkpoint_features(binary, str(cache)) == features
+    assert len(calls.read_text().split()) == 2
+    with open(cache / rc.FEATURES_CACHE) as handle:
+        assert json.load(handle)["key"].startswith(binary + ":")
+
+
+def test_cache_is_invalidated_when_the_binary_changes(tmp_path):
+    rc._memo.clear()
+    binary, calls = fake_runsc(tmp_path, OLD)
+    cache = str(tmp_path / "cache")
+    assert "compression" not in rc.checkpoint_features(binary, cache)["flags"]
+    # The node's runsc is upgraded in place (Debian 12 -> 13): a different size and mtime.
+    with open(binary, "a") as handle:
+        handle.write("# upgraded\n")
+    os.utime(binary, ns=(1, 1))
+    (tmp_path / ("bin-%s" % OLD) / "help.txt").write_text(recorded("checkpoint-help", NEW))
+    rc._memo.clear()
+    assert rc.checkpoint_features(binary, cache)["flags"]["compression"]["default"] == "flate-best-speed"
+    assert len(calls.read_text().split()) == 4
+
+
+def test_missing_binary_is_a_clear_error(tmp_path):
+    with pytest.raises(CheckpointError, match="cannot read the runsc binary"):
+        rc.checkpoint_features(str(tmp_path / "nope"))
+
+
+def test_checkpoint_argv_order():
+    assert rc.checkpoint_argv(["runsc", "--root", "/r"], "/img", "cid", ["--compression=none"]) == [
+        "runsc", "--root", "/r", "checkpoint", "--compression=none", "--image-path", "/img", "cid"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the checkpoint store must be root-owned")
+@pytest.mark.parametrize("version,compression,argv_flags,recorded_compression", [
+    (OLD, "none", [], "flate-best-speed"),
+    (NEW, "none", ["--compression=none"], "none"),
+    (NEW, "flate-best-speed", ["--compression=flate-best-speed"], "flate-best-speed"),
+])
+def test_checkpoint_sandbox_passes_the_flags_and_records_them(tmp_path, version, compression, argv_flags,
+                                                              recorded_compression):
+    rc._memo.clear()
+    binary, _calls = fake_runsc(tmp_path, version)
+    root = tmp_path / "store"
+    root.mkdir(mode=0o755)
+    store = CheckpointStore(str(root), compression=compression)
+    pending = store.begin("5", "batch", os.getuid())
+    ckpt, _took = rc.checkpoint_sandbox([binary, "--root", "/x"], "cid", pending, {"reason": "unit"},
+                                        {"mounts": []}, cache_dir=str(tmp_path / "cache"))
+    with open(os.path.join(ckpt.path, "checkpoint.img")) as handle:
+        assert handle.read().split() == ["--root", "/x", "checkpoint", *argv_flags, "--image-path",
+                                         pending.image_dir, "cid"]
+    described = ckpt.manifest["runsc"]
+    assert described["binary"] == binary and described["flags"] == ["--root", "/x"]
+    assert described["checkpoint_flags"] == argv_flags
+    assert described["image_compression"] == recorded_compression
+    assert described["version"] == recorded("version", version).splitlines()[0].replace("runsc version ", "")
+    assert store.verify(ckpt).valid
