@@ -17,14 +17,22 @@ from slurmbox.migrate.store import SPEC, CheckpointError
 @dataclass
 class Selection:
     """``checkpoint``: the Checkpoint to restore, or None; ``skipped``: list of
-    (Checkpoint, [problems]) for newer checkpoints that failed verification."""
+    (Checkpoint, [problems]) for newer checkpoints that failed verification;
+    ``foreign``: Checkpoints of the same srun step id taken of another command
+    line (not candidates: the step starts fresh whatever restore_fallback says)."""
 
     checkpoint: object = None
     skipped: list = field(default_factory=list)
+    foreign: list = field(default_factory=list)
 
     def messages(self):
         """Lines (str) for the job's stderr and the slurmbox log describing the choice."""
         lines = []
+        if self.foreign:
+            ckpt = self.foreign[0]
+            lines.append("checkpoint(s) %s of job %s step %s were taken of a different command line or step shape "
+                         "(srun argv, nodes, tasks); not restoring them: this step starts from the beginning"
+                         % (", ".join(c.name for c in self.foreign), ckpt.job, ckpt.step))
         for ckpt, problems in self.skipped:
             lines.append("checkpoint %s of job %s step %s is unusable: %s"
                          % (ckpt.name, ckpt.job, ckpt.step, "; ".join(problems)))
@@ -37,16 +45,22 @@ class Selection:
         return lines
 
 
-def select_checkpoint(store, job, step, uid, script_sha256=None):
+def select_checkpoint(store, job, step, uid, script_sha256=None, command_sha256=None):
     """The Selection for (``job``, ``step``) of user ``uid`` in ``store`` (a CheckpointStore).
 
     Verifies newest first and stops at the first valid one. Interrupted
     checkpoints (temporary directories) are never considered. With
     ``script_sha256`` (of this run's batch script), a checkpoint recorded for
     another script (a job id reused after a controller reset) is skipped.
+    With ``command_sha256`` (an srun step's command digest,
+    slurmbox.migrate.step_checkpoint), checkpoints recorded for another
+    command line are ``foreign``.
     """
     selection = Selection()
     for ckpt in store.checkpoints(job, step):
+        if command_sha256 and (ckpt.manifest or {}).get("command_sha256") not in (None, command_sha256):
+            selection.foreign.append(ckpt)
+            continue
         verdict = store.verify(ckpt, uid=uid)
         recorded = (ckpt.manifest or {}).get("batch_script_sha256")
         if script_sha256 and recorded and recorded != script_sha256:

@@ -23,6 +23,7 @@ import time
 
 from slurmbox.migrate import triggers
 from slurmbox.migrate.runsc_checkpoint import CheckpointFailed, checkpoint_sandbox, restore_argv, runsc_description
+from slurmbox.migrate.step_checkpoint import before_requeue
 from slurmbox.migrate.store import CheckpointError
 from slurmbox.slurm_client import scontrol
 
@@ -224,7 +225,7 @@ class CheckpointableTask:
         ckpt = None
         try:
             store = self.sup.store()
-            pending = store.begin(job, self.sup.args.step, self.sup.args.uid)
+            pending = store.begin(job, self.sup.checkpoint_step, self.sup.args.uid)
         except (CheckpointError, OSError) as err:
             if not requeue:  # periodic: nothing was stopped; try again next time
                 self.sup.say(self.err_fd, "periodic checkpoint of job %s skipped: %s" % (job, err))
@@ -242,6 +243,7 @@ class CheckpointableTask:
                       "batch_script": self.sup.args.batch_script, "hostname": self.spec.get("hostname"),
                       "runsc": runsc_description(self.prefix),
                       "batch_script_sha256": self.sup.batch_script_sha256()}
+            fields.update(self.sup.step_manifest)  # an srun step's rank and command digest (step_checkpoint)
             ckpt, took = checkpoint_sandbox(self.prefix, self.sup.container_id, pending, fields, self.spec,
                                             self.checkpoint_flags, cache_dir=self.sup.node_dir)
             size_mb = sum(f.get("size", 0) for f in (ckpt.manifest or {}).get("files", [])) / 1e6
@@ -271,6 +273,8 @@ class CheckpointableTask:
 
     def _requeue(self, evacuation, program_gone, ckpt=None):
         job = self.sup.args.job
+        if not before_requeue(self.sup, evacuation, ckpt, self.err_fd):  # other ranks of a multi-node step
+            return
         try:
             scontrol.requeue(job, env=self.sup._slurm_env())
         except scontrol.SlurmCommandError as err:
@@ -348,6 +352,6 @@ class CheckpointableTask:
         if self.settings.mode != "transparent":
             return
         try:
-            self.sup.store().remove_step(self.sup.args.job, self.sup.args.step)
+            self.sup.store().remove_step(self.sup.args.job, self.sup.checkpoint_step)
         except (OSError, CheckpointError) as err:
             self.sup.say(None, "cannot remove the finished job's checkpoints: %s" % err)

@@ -19,7 +19,8 @@ root tool asks over ``control.sock`` (spot notice, maintenance), and the job
 is requeued; when the requeued batch step starts, the newest valid checkpoint
 is restored (``runsc restore``) instead of starting the script again. In
 ``signal`` mode the program gets its checkpoint signal instead and the job is
-requeued once it exits.
+requeued once it exits. An ``srun`` step with one task per node is handled the
+same way, each node's sandbox on its own (slurmbox.migrate.step_checkpoint).
 """
 
 import argparse
@@ -98,6 +99,8 @@ class Supervisor:
         self.wall_timer = None      # enforces profile.wall_limit_s once the first task started
         self.policy = None
         self.task = None            # migrate.sandbox_task.CheckpointableTask of a batch step's init, if any
+        self.checkpoint_step = args.step  # store step name: "batch", or "<step>.node<rank>" (migrate.step_checkpoint)
+        self.step_manifest = {}     # manifest entries of an srun step's checkpoints (rank, command digest, ...)
 
     # -- preparation (once per step) -------------------------------------------------
     def prepare(self, task_env):
@@ -245,8 +248,11 @@ class Supervisor:
             send_frame(conn, {"exit": 0})
             return
         self._record_once(request, plan, spec, prefix)
-        settings = self._checkpoint_settings(message["env"], plan, prefix)
-        restore = self._choose_restore(spec, fds[2], settings) if settings.mode == "transparent" else None
+        settings = self._checkpoint_settings(message["env"], plan, prefix, message["argv"],
+                                             bool(spec["process"]["terminal"]))
+        restore = None
+        if settings.mode == "transparent" and (self.args.step == "batch" or self.step_manifest.get("restart_count")):
+            restore = self._choose_restore(spec, fds[2], settings)  # an srun step of a first run has none
         relay = StdioRelay(fds, spec["process"]["terminal"])
         task = None
         try:
@@ -403,15 +409,22 @@ class Supervisor:
         return proc, [self.container_id]
 
     # -- checkpoints (batch steps; slurmbox.migrate) -------------------------------------
-    def _checkpoint_settings(self, task_env, plan, prefix):
-        """CheckpointSettings of this step; mode "none" for anything but a batch step's single init."""
+    def _checkpoint_settings(self, task_env, plan, prefix, argv=(), terminal=False):
+        """CheckpointSettings of this step: a batch step's init, or an srun step with one task per node
+        (slurmbox.migrate.step_checkpoint, which sets ``checkpoint_step`` and ``step_manifest``)."""
         from slurmbox.migrate import policy as ckpt_policy
 
         self.checkpoint_flags = []
-        if self.args.step != "batch" or self.args.local_tasks != 1:
+        if self.args.step == "batch" and self.args.local_tasks != 1:
             return ckpt_policy.CheckpointSettings()
         try:
             settings = ckpt_policy.resolve(self.cli_options, task_env, self.policy.partition(self.args.partition))
+            if self.args.step != "batch":
+                from slurmbox.migrate.step_checkpoint import srun_step_settings
+                settings, self.checkpoint_step, self.step_manifest, note = srun_step_settings(
+                    settings, self.args.step, self.args.local_tasks, task_env, argv, terminal)
+                if note:
+                    self.say(None, note)
             if settings.mode == "transparent" and plan.vendor:
                 helptext = subprocess.run([prefix[0], "checkpoint", "--help"], capture_output=True, text=True,
                                           check=False)
@@ -462,8 +475,8 @@ class Supervisor:
 
         try:
             store = self.store()
-            selection = select_checkpoint(store, self.args.job, self.args.step, self.args.uid,
-                                          self.batch_script_sha256())
+            selection = select_checkpoint(store, self.args.job, self.checkpoint_step, self.args.uid,
+                                          self.batch_script_sha256(), self.step_manifest.get("command_sha256"))
             for line in selection.messages():
                 self.say(err_fd, line)
             if selection.checkpoint is not None:
@@ -487,7 +500,7 @@ class Supervisor:
         task = self.task
         if task is None:
             return {"outcome": "unsupported", "message": "step %s of job %s is not checkpointed (checkpoint mode "
-                    "none, not a batch step, or not started)" % (self.args.step, self.args.job)}
+                    "none, several tasks per node, or not started)" % (self.args.step, self.args.job)}
         return task.evacuate(reason, wait=True)
 
     def _kill(self, prefix, kill_args, signum):
@@ -525,6 +538,9 @@ class Supervisor:
                 proc = task.proc
                 continue
             break
+        if outcome == "requeued" and self.args.step != "batch":
+            from slurmbox.migrate.step_checkpoint import hold_until_ended
+            hold_until_ended(task)  # srun must not return to the batch script before the requeue ends it
         finished.set()
         if task is not None:
             task.close()

@@ -1,0 +1,231 @@
+"""Checkpoints of ``srun`` steps: which sandbox a checkpoint belongs to, and when to requeue.
+
+A batch step has one sandbox, stored under the step name ``batch``. An
+``srun --sandbox`` step has one sandbox per node; each is checkpointed and
+restored on its own, stored under ``<step>.node<rank>`` (e.g. ``0.node1``),
+where rank is the node's index within the step (``SLURM_NODEID``, which
+slurmstepd sets relative to the step's node list; environ(7) of the task,
+srun(1) "OUTPUT ENVIRONMENT VARIABLES"). After a requeue Slurm may pick other
+nodes, so the node *name* never identifies a checkpoint; the batch script runs
+again from the top and launches the same step id again, and rank N of that
+step restores the checkpoint of rank N. The sandboxes of a step run with no
+shared state across nodes (network mode ``none`` by default), so restoring
+them independently is consistent as long as every rank was saved by the same
+evacuation, which ``wait_for_peers`` arranges for preemptions.
+
+A checkpoint also records ``command_sha256``: the step's argv and shape
+(nodes, tasks). A step whose command line differs (the script took another
+branch after the requeue) does not restore it and starts fresh.
+
+Only steps with one task per node (the sandbox's init is the task) can be
+checkpointed; several tasks per node join a holder init with ``runsc exec``,
+which runsc cannot restore as such. Standard library only (step start path).
+"""
+
+import hashlib
+import json
+import time
+
+#: Step-shape variables in the task environment that a checkpoint must match (srun(1)).
+SHAPE_VARIABLES = ("SLURM_STEP_NUM_NODES", "SLURM_STEP_NUM_TASKS")
+#: Seconds a preempted rank waits for the other ranks' checkpoints before requeueing anyway.
+PEER_WAIT_S = 20.0
+#: Seconds between looks at the store while waiting for the other ranks.
+PEER_POLL_S = 0.2
+
+
+class StepIdentityError(ValueError):
+    """The task environment does not say which rank of the step this node is."""
+
+
+def step_key(step, rank):
+    """Store step name of rank ``rank`` (int) of step ``step`` (str): ``"0.node1"``; ``"batch"`` stays."""
+    return "batch" if step == "batch" else "%s.node%d" % (step, int(rank))
+
+
+def parse_key(key):
+    """(step, rank or None) of a store step name made by ``step_key``: ``"0.node1"`` -> ("0", 1)."""
+    head, dot, tail = str(key).rpartition(".node")
+    if dot and head and tail.isdigit():
+        return head, int(tail)
+    return str(key), None
+
+
+def node_rank(task_env):
+    """This node's rank within the step (int, 0-based) from ``SLURM_NODEID``.
+
+    Raises StepIdentityError when it is missing or not an index below
+    ``SLURM_STEP_NUM_NODES``.
+    """
+    text = str(task_env.get("SLURM_NODEID", ""))
+    nodes = str(task_env.get("SLURM_STEP_NUM_NODES", "") or task_env.get("SLURM_NNODES", ""))
+    if not text.isdigit():
+        raise StepIdentityError("SLURM_NODEID=%r is not a node index" % text)
+    if nodes.isdigit() and int(text) >= int(nodes):
+        raise StepIdentityError("SLURM_NODEID=%s is not below the step's %s nodes" % (text, nodes))
+    return int(text)
+
+
+def step_nodes(task_env):
+    """Number of nodes of the step (int, at least 1) from ``SLURM_STEP_NUM_NODES``."""
+    text = str(task_env.get("SLURM_STEP_NUM_NODES", "") or task_env.get("SLURM_NNODES", ""))
+    return int(text) if text.isdigit() and int(text) > 0 else 1
+
+
+def restart_count(task_env):
+    """``SLURM_RESTART_COUNT`` of this run (int; 0 when unset: never requeued)."""
+    text = str(task_env.get("SLURM_RESTART_COUNT", ""))
+    return int(text) if text.isdigit() else 0
+
+
+def command_sha256(argv, task_env):
+    """sha256 (hex) of the step's command line ``argv`` (list of str, as the user gave it) and shape.
+
+    Two runs of "the same step" (same script line after a requeue) give the
+    same digest; another program, other arguments, or another number of
+    nodes or tasks give another.
+    """
+    shape = {name: str(task_env.get(name, "")) for name in SHAPE_VARIABLES}
+    data = json.dumps({"argv": [str(a) for a in argv], "shape": shape}, sort_keys=True).encode()
+    return hashlib.sha256(data).hexdigest()
+
+
+def manifest_fields(step, rank, nodes, digest, restarts):
+    """Manifest entries of an srun step's checkpoint (dict): ``slurm_step``, ``node_rank``,
+    ``step_nodes``, ``command_sha256``, ``restart_count`` (the run that took it)."""
+    return {"slurm_step": str(step), "node_rank": int(rank), "step_nodes": int(nodes), "command_sha256": digest,
+            "restart_count": int(restarts)}
+
+
+def peers_saved(store, job, step, nodes, restarts, digest):
+    """Ranks (set of int) of ``step`` whose newest checkpoint was taken by this run's preemption.
+
+    A rank counts when its newest published checkpoint has reason
+    ``preemption``, this run's ``restart_count`` and the same ``command_sha256``.
+    """
+    done = set()
+    for rank in range(nodes):
+        try:
+            found = store.checkpoints(job, step_key(step, rank))
+        except OSError:
+            continue
+        manifest = (found[0].manifest or {}) if found else {}
+        if (manifest.get("reason") == "preemption" and manifest.get("restart_count") == restarts
+                and manifest.get("command_sha256") == digest):
+            done.add(rank)
+    return done
+
+
+def wait_for_peers(store, job, step, nodes, restarts, digest, timeout=PEER_WAIT_S, clock=time.monotonic,
+                   sleep=time.sleep):
+    """Wait until every rank of a preempted step has published its checkpoint; returns the missing ranks.
+
+    Requeueing the job ends every step at once, so the first rank to finish
+    must not requeue while others are still writing. Each rank waits here
+    after publishing its own checkpoint; whichever sees all ranks saved
+    requeues (the others' requeue is then refused, which the caller treats as
+    "requeued by Slurm"). After ``timeout`` seconds the job is requeued anyway
+    (a rank that could not checkpoint must not hold the job past GraceTime);
+    the missing ranks (sorted list of int) are returned for the log.
+    """
+    deadline = clock() + timeout
+    while True:
+        missing = sorted(set(range(nodes)) - peers_saved(store, job, step, nodes, restarts, digest))
+        if not missing or clock() >= deadline:
+            return missing
+        sleep(PEER_POLL_S)
+
+
+def srun_step_settings(settings, step, local_tasks, task_env, argv, terminal):
+    """Checkpoint settings of an ``srun`` step's sandbox on this node.
+
+    ``settings``: the resolved slurmbox.migrate.policy.CheckpointSettings;
+    ``step``: the Slurm step id (str); ``local_tasks``: tasks of the step on
+    this node; ``task_env``: the task's environment (dict); ``argv``: the
+    task's command line as the user gave it; ``terminal``: ``srun --pty``.
+    Returns (settings, store step name, manifest entries, note): mode "none"
+    (and a note for the slurmbox log) for a step that cannot be checkpointed
+    when the mode came from a site default. Raises
+    policy.CheckpointOptionError when the user asked for checkpoints
+    (``--sandbox-checkpoint``) of such a step, naming what to change.
+    """
+    from slurmbox.migrate.policy import CheckpointOptionError, CheckpointSettings
+
+    if settings.mode == "none":
+        return settings, step, {}, None
+    if task_env.get("SLURMBOX_STEP_BROKER"):
+        # Launched from a sandboxed batch script: the batch step's checkpoint is the job's checkpoint (an
+        # option given there is inherited by every srun), so this step is never refused.
+        return CheckpointSettings(), step, {}, ("step %s was started from a sandboxed batch script: only the "
+                                                "batch step is checkpointed" % step)
+    problem = None
+    if local_tasks != 1:
+        problem = ("step %s runs %d tasks on this node; checkpoints need one task per node (srun "
+                   "--ntasks-per-node=1, one sandbox per node)" % (step, local_tasks))
+    elif terminal:
+        problem = "step %s has a terminal (srun --pty), which runsc cannot checkpoint" % step
+    else:
+        try:
+            rank = node_rank(task_env)
+        except StepIdentityError as err:
+            problem = "cannot tell this node's rank in step %s: %s" % (step, err)
+    if problem is not None:
+        if settings.explicit:
+            raise CheckpointOptionError("checkpoint", settings.mode, "%s; use --sandbox-checkpoint=none or change "
+                                        "the step" % problem)
+        return CheckpointSettings(), step, {}, "no checkpoints (site default %s): %s" % (settings.mode, problem)
+    nodes = step_nodes(task_env)
+    fields = manifest_fields(step, rank, nodes, command_sha256(argv, task_env), restart_count(task_env))
+    return settings, step_key(step, rank), fields, None
+
+
+def before_requeue(sup, evacuation, ckpt, err_fd):
+    """Called by an evacuation about to ``scontrol requeue`` the job; True to go ahead.
+
+    ``sup``: the step's supervisor (its ``step_manifest`` describes an srun
+    step); ``evacuation``: migrate.sandbox_task.Evacuation; ``ckpt``: this
+    rank's new Checkpoint or None. Batch steps, one-node steps and other
+    reasons than preemption requeue at once. A preempted multi-node step whose
+    checkpoint was published waits for the other ranks' checkpoints
+    (``wait_for_peers``) first. Without a checkpoint of its own (signal mode,
+    or the checkpoint failed) a rank does not requeue: that would end the
+    other ranks mid-checkpoint; the evacuation is decided as "requeued" and
+    Slurm requeues the job when GraceTime ends (PreemptMode=REQUEUE).
+    """
+    fields = sup.step_manifest
+    if not fields or fields.get("step_nodes", 1) <= 1 or evacuation.reason != "preemption":
+        return True
+    step, nodes = fields["slurm_step"], fields["step_nodes"]
+    if ckpt is None:
+        evacuation.finish("requeued", "rank %d of step %s has stopped; Slurm requeues job %s when its GraceTime "
+                          "ends" % (fields["node_rank"], step, sup.args.job))
+        sup.say(err_fd, evacuation.message)
+        return False
+    missing = wait_for_peers(sup.store(), sup.args.job, step, nodes, fields["restart_count"],
+                             fields["command_sha256"])
+    if missing:
+        sup.say(err_fd, "preemption: ranks %s of step %s published no checkpoint within %.0f s; requeueing job %s "
+                "anyway (they restart from an older checkpoint or from the beginning)"
+                % (",".join(map(str, missing)), step, PEER_WAIT_S, sup.args.job))
+    return True
+
+
+#: Seconds an srun step whose job was requeued keeps its task (srun) waiting for Slurm to end it.
+HOLD_AFTER_REQUEUE_S = 300.0
+
+
+def hold_until_ended(task, timeout=HOLD_AFTER_REQUEUE_S, sleep=time.sleep, clock=time.monotonic):
+    """Keep a requeued srun step's task from reporting until Slurm ends it (its launcher is killed).
+
+    If the step reported its end at once, ``srun`` would return to the batch
+    script, which would go on to its next command before Slurm's requeue
+    reaches it. ``task``: migrate.sandbox_task.CheckpointableTask (``gone``
+    is set when the launcher disconnects). Returns True when the launcher went
+    away, False after ``timeout`` seconds.
+    """
+    deadline = clock() + timeout
+    while not task.gone:
+        if clock() >= deadline:
+            return False
+        sleep(0.2)
+    return True

@@ -1,0 +1,208 @@
+"""Checkpoints of `srun --sandbox` steps launched from an ordinary (not sandboxed) batch script.
+
+The common pattern on spot partitions: the batch script is plain shell and its
+work runs in `srun --sandbox` steps. On preemption each node's sandbox of the
+running step is checkpointed; after the requeue the script runs again from the
+top, launches the same step, and each node's sandbox is restored from the
+checkpoint of the same step id and node rank (slurmbox.migrate.step_checkpoint),
+so a counter kept only in memory continues exactly where it stopped.
+"""
+
+import json
+import os
+import random
+import re
+import subprocess
+
+import pytest
+
+from test_migrate_preemption import (assert_exact_sequence, job_record, lines, preempt, running_node, submit,
+                                     wait_done)
+
+from slurmbox.migrate import step_checkpoint
+from slurmbox.migrate.restore import select_checkpoint
+from slurmbox.migrate.store import CheckpointStore
+
+COUNT = 400
+COUNTER = 'i=0; while [ "$i" -lt %d ]; do i=$((i+1)); echo "%s$i"; sleep 0.05; done'
+
+
+def step_script(path, body, sbatch="-p spot -N1 -n1"):
+    """A plain (not sandboxed) batch script on the spot partition whose work is ``body``."""
+    with open(path, "w") as handle:
+        handle.write("#!/bin/sh\n#SBATCH %s --requeue --open-mode=append\nset -e\n%s\n" % (sbatch, body))
+    os.chmod(path, 0o755)
+    return path
+
+
+def srun_counter(count=COUNT, prefix="", srun_args=""):
+    return "srun %s--sandbox /bin/sh -c '%s'" % (srun_args, COUNTER % (count, prefix))
+
+
+def store_dir(cluster, job, *parts):
+    return os.path.join(cluster.dev.dir, "checkpoints", job, *parts)
+
+
+def _slurmbox(cluster, *args):
+    return subprocess.run(["/opt/slurmbox/venv/bin/slurmbox"] + list(args), capture_output=True, text=True,
+                          env=cluster.env(), timeout=120)
+
+
+def _leftovers(cluster, job):
+    cluster.wait_for(lambda: not cluster.sandbox_processes(job), timeout=30, what="sandboxes of the job to end")
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_preempted_srun_step_restores_and_counts_exactly_once(cluster, workdir, seed):
+    moment = random.Random(seed * 104729).randint(20, 200)  # lines printed before the preemption
+    job, out, err = submit(cluster, workdir, step_script(os.path.join(workdir, "job.sh"), srun_counter()))
+    node = cluster.wait_for(lambda: running_node(cluster, job), timeout=60, what="job to start")
+    cluster.wait_for(lambda: len(lines(out)) >= moment, timeout=120, what="%d lines" % moment)
+    preempt(cluster, workdir, node)
+    record = wait_done(cluster, job, out, count=COUNT)
+    errors = open(err).read()
+    assert_exact_sequence(out, COUNT)
+    assert int(record.get("Restarts", "0")) >= 1, record
+    assert re.search(r"preemption: checkpointed job %s as \S+/0\.node0/ckpt-000001" % job, errors), errors
+    assert "restoring job %s step 0.node0 from checkpoint ckpt-000001" % job in errors, errors
+    # The step finished on its own: its checkpoints are history.
+    assert not os.path.exists(store_dir(cluster, job, "0.node0", "ckpt-000001"))
+    _leftovers(cluster, job)
+
+
+def test_a_different_command_line_after_requeue_starts_fresh(cluster, workdir):
+    # Step 0 is the counter on the first run and another program after the requeue: the counter's
+    # checkpoint must not be restored into it.
+    body = ('if [ "${SLURM_RESTART_COUNT:-0}" -gt 0 ]; then srun --sandbox /bin/echo other-program; '
+            'else %s; fi' % srun_counter())
+    job, out, err = submit(cluster, workdir, step_script(os.path.join(workdir, "job.sh"), body))
+    node = cluster.wait_for(lambda: running_node(cluster, job), timeout=60, what="job to start")
+    cluster.wait_for(lambda: len(lines(out)) >= 20, timeout=120, what="20 lines")
+    preempt(cluster, workdir, node)
+
+    def finished():
+        return job_record(cluster, job).get("JobState") == "COMPLETED" and "other-program" in lines(out)
+    cluster.wait_for(finished, timeout=240, what=lambda: "job %s to complete: %s"
+                     % (job, job_record(cluster, job).get("JobState")))
+    errors = open(err).read()
+    assert re.search(r"preemption: checkpointed job %s as \S+/0\.node0/ckpt-000001" % job, errors), errors
+    assert re.search(r"checkpoint\(s\) ckpt-000001 of job %s step 0\.node0 were taken of a different command "
+                     r"line" % job, errors), errors
+    assert "restoring job" not in errors
+    seen = lines(out)
+    assert seen[-1] == "other-program" and seen[:-1] == [str(i) for i in range(1, len(seen))], seen[-5:]
+    _leftovers(cluster, job)
+
+
+def test_periodic_step_checkpoints_are_listed_and_verified(cluster, workdir):
+    # A checkpoint every 6 s (0.1 minutes, environment fallback of --sandbox-checkpoint-interval).
+    body = "export SLURMBOX_SANDBOX_CHECKPOINT_INTERVAL=0.1\n" + srun_counter(count=250)
+    job, out, err = submit(cluster, workdir, step_script(os.path.join(workdir, "job.sh"), body, "-p ondemand"))
+    cluster.wait_for(lambda: os.path.isdir(store_dir(cluster, job, "0.node0"))
+                     and any(n.startswith("ckpt-") for n in os.listdir(store_dir(cluster, job, "0.node0"))),
+                     timeout=120, what="a periodic checkpoint of step 0")
+    listed = _slurmbox(cluster, "checkpoint", "ls", job, "--json")
+    assert listed.returncode == 0, listed.stderr
+    rows = json.loads(listed.stdout)
+    rows = rows if isinstance(rows, list) else rows.get("checkpoints", rows)
+    assert any(r["job"] == job and r["step"] == "0.node0" and r["reason"] == "periodic" for r in rows), rows
+    verified = _slurmbox(cluster, "checkpoint", "verify", job)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    assert "0.node0" in verified.stdout
+    wait_done(cluster, job, out, count=250)
+    # Pauses for periodic checkpoints lose and repeat nothing.
+    assert_exact_sequence(out, 250)
+    _leftovers(cluster, job)
+
+
+def test_several_tasks_per_node_explicit_checkpoints_are_refused(cluster, workdir):
+    result = cluster.srun("-p", "spot", "-N1", "-n2", "--sandbox", "/bin/true", cwd=workdir,
+                          env={"SLURMBOX_SANDBOX_CHECKPOINT": "transparent"})
+    assert result.returncode != 0
+    assert "runs 2 tasks on this node; checkpoints need one task per node" in result.stderr, result.stderr
+    # From the site default (no option), the same step runs without checkpoints.
+    result = cluster.srun("-p", "spot", "-N1", "-n2", "--sandbox", "/bin/echo", "ok", cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["ok", "ok"]
+
+
+def test_two_node_step_each_rank_continues(cluster, workdir):
+    body = srun_counter(count=300, prefix="$SLURM_NODEID:", srun_args="-N2 -n2 ")
+    job, out, err = submit(cluster, workdir, step_script(os.path.join(workdir, "job.sh"), body,
+                                                         "-p spot -N2 -n2"))
+    cluster.wait_for(lambda: running_node(cluster, job), timeout=60, what="job to start")
+    moment = random.Random(11).randint(40, 200)
+    cluster.wait_for(lambda: len(lines(out)) >= moment, timeout=120, what="%d lines" % moment)
+    preempt(cluster, workdir, "n1")
+    wait_done(cluster, job, out, count=600)
+    errors = open(err).read()
+    for rank in (0, 1):
+        seen = [line.split(":", 1)[1] for line in lines(out) if line.startswith("%d:" % rank)]
+        assert seen == [str(i) for i in range(1, 301)], (rank, len(seen), seen[:3], seen[-3:])
+        assert re.search(r"preemption: checkpointed job %s as \S+/0\.node%d/ckpt-000001" % (job, rank), errors), \
+            errors
+        assert "restoring job %s step 0.node%d from checkpoint ckpt-000001" % (job, rank) in errors, errors
+    _leftovers(cluster, job)
+
+
+# -- without a cluster: identity and selection -------------------------------------------------------------
+def test_step_identity_from_the_task_environment():
+    env = {"SLURM_NODEID": "1", "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NUM_TASKS": "2", "SLURM_RESTART_COUNT": "3"}
+    assert step_checkpoint.node_rank(env) == 1
+    assert step_checkpoint.step_key("0", 1) == "0.node1" and step_checkpoint.step_key("batch", 0) == "batch"
+    assert step_checkpoint.parse_key("12.node3") == ("12", 3) and step_checkpoint.parse_key("batch") == ("batch", None)
+    assert step_checkpoint.restart_count(env) == 3 and step_checkpoint.restart_count({}) == 0
+    digest = step_checkpoint.command_sha256(["./train", "--lr", "1"], env)
+    assert digest == step_checkpoint.command_sha256(["./train", "--lr", "1"], dict(env, SLURM_NODEID="0"))
+    assert digest != step_checkpoint.command_sha256(["./train", "--lr", "2"], env)
+    assert digest != step_checkpoint.command_sha256(["./train", "--lr", "1"], dict(env, SLURM_STEP_NUM_NODES="4"))
+    for bad in ({}, {"SLURM_NODEID": "x"}, {"SLURM_NODEID": "2", "SLURM_STEP_NUM_NODES": "2"}):
+        with pytest.raises(step_checkpoint.StepIdentityError):
+            step_checkpoint.node_rank(bad)
+
+
+def test_srun_step_settings_refuse_explicit_and_silence_defaults():
+    from slurmbox.migrate.policy import CheckpointOptionError, CheckpointSettings
+
+    env = {"SLURM_NODEID": "0", "SLURM_STEP_NUM_NODES": "1", "SLURM_STEP_NUM_TASKS": "1"}
+    default, explicit = CheckpointSettings("transparent"), CheckpointSettings("transparent", explicit=True)
+    settings, key, fields, note = step_checkpoint.srun_step_settings(default, "0", 1, env, ["a"], False)
+    assert settings.mode == "transparent" and key == "0.node0" and note is None
+    assert fields["node_rank"] == 0 and fields["step_nodes"] == 1 and fields["restart_count"] == 0
+    settings, key, fields, note = step_checkpoint.srun_step_settings(default, "0", 4, env, ["a"], False)
+    assert settings.mode == "none" and fields == {} and "4 tasks on this node" in note
+    with pytest.raises(CheckpointOptionError, match="4 tasks on this node"):
+        step_checkpoint.srun_step_settings(explicit, "0", 4, env, ["a"], False)
+    with pytest.raises(CheckpointOptionError, match="terminal"):
+        step_checkpoint.srun_step_settings(explicit, "0", 1, env, ["a"], True)
+    # Inside a sandboxed batch script the batch step's checkpoint is the job's: never refused.
+    settings, _, _, note = step_checkpoint.srun_step_settings(explicit, "0", 4, dict(env, SLURMBOX_STEP_BROKER="/b"),
+                                                              ["a"], False)
+    assert settings.mode == "none" and "sandboxed batch script" in note
+
+
+def _publish(store, job, key, fields, uid):
+    pending = store.begin(job, key, uid)
+    with open(os.path.join(pending.image_dir, "checkpoint.img"), "wb") as handle:
+        handle.write(os.urandom(64))
+    return pending.publish(dict(fields, node="n1", reason="preemption"), {"mounts": []})
+
+
+def test_selection_skips_other_command_lines_and_peers_barrier(tmp_path):
+    store = CheckpointStore(str(tmp_path / "store"))
+    uid = os.getuid()
+    train = dict(step_checkpoint.manifest_fields("0", 0, 2, "a" * 64, 1))
+    _publish(store, "7", "0.node0", train, uid)
+    assert select_checkpoint(store, "7", "0.node0", uid, None, "a" * 64).checkpoint.name == "ckpt-000001"
+    other = select_checkpoint(store, "7", "0.node0", uid, None, "b" * 64)
+    assert other.checkpoint is None and not other.skipped and [c.name for c in other.foreign] == ["ckpt-000001"]
+    assert "different command line" in other.messages()[0]
+    # The barrier: rank 1 has not published yet, then has.
+    ticks = iter(range(100))
+    missing = step_checkpoint.wait_for_peers(store, "7", "0", 2, 1, "a" * 64, timeout=3,
+                                             clock=lambda: next(ticks), sleep=lambda _s: None)
+    assert missing == [1]
+    _publish(store, "7", "0.node1", dict(train, node_rank=1), uid)
+    assert step_checkpoint.wait_for_peers(store, "7", "0", 2, 1, "a" * 64, timeout=0) == []
+    # A checkpoint of an earlier run (another restart count) does not count for this one.
+    assert step_checkpoint.peers_saved(store, "7", "0", 2, 2, "a" * 64) == set()
