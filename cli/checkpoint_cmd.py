@@ -82,10 +82,10 @@ def ls(job, as_json, store, site_config, slurm_conf):
     if not rows:
         click.echo("no checkpoints%s in %s" % (" of job %s" % job if job else "", st.root))
         return
-    click.echo("%-8s %-6s %-12s %-6s %-21s %-12s %10s  %s" % ("JOB", "STEP", "NAME", "NODE", "TIME", "REASON",
+    click.echo("%-8s %-9s %-12s %-6s %-21s %-12s %10s  %s" % ("JOB", "STEP", "NAME", "NODE", "TIME", "REASON",
                                                              "MB", "MANIFEST"))
     for row in rows:
-        click.echo("%-8s %-6s %-12s %-6s %-21s %-12s %10.1f  %s" % (
+        click.echo("%-8s %-9s %-12s %-6s %-21s %-12s %10.1f  %s" % (
             row["job"], row["step"], row["name"], row["node"] or "-", row["time"] or "-", row["reason"] or "-",
             row["bytes"] / 1e6, row["manifest"]))
 
