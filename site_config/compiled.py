@@ -12,7 +12,7 @@ import json
 import os
 from dataclasses import dataclass, field
 
-COMPILED_FORMAT = 2
+COMPILED_FORMAT = 3
 
 
 @dataclass(frozen=True)
@@ -53,7 +53,9 @@ class PartitionPolicy:
     job checkpoints itself on a signal) | none; ``checkpoint_interval_s``:
     seconds between periodic checkpoints, 0 = none; ``restore_fallback``:
     fresh (start the job from scratch) | fail, when no valid checkpoint image
-    is left.
+    is left; ``accelerator_vendors``: sorted vendors ("nvidia", "amd", "tpu",
+    "trainium") of the accelerators in the partition's node groups (empty =
+    none or not described).
     """
 
     sandbox: str = "optional"
@@ -63,6 +65,7 @@ class PartitionPolicy:
     checkpoint_mode: str = "transparent"
     checkpoint_interval_s: int = 0
     restore_fallback: str = "fresh"
+    accelerator_vendors: tuple = ()
 
 
 @dataclass(frozen=True)

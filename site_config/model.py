@@ -704,17 +704,18 @@ def compile_site(site):
         values["wall_limit_s"] = 0 if wall == slurm_syntax.INFINITE else wall
         return Profile(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
 
-    def partition(p):
+    def partition(name, p):
         interval = slurm_syntax.time_seconds(p.checkpoint.interval, "minutes")
         return PartitionPolicy(sandbox=p.sandbox, default_profile=p.default_profile,
                                allowed_profiles=tuple(p.allowed_profiles), preemptible=p.spot,
                                checkpoint_mode=p.checkpoint.mode,
                                checkpoint_interval_s=0 if interval == slurm_syntax.INFINITE else interval,
-                               restore_fallback=p.checkpoint.restore_fallback)
+                               restore_fallback=p.checkpoint.restore_fallback,
+                               accelerator_vendors=tuple(sorted(_partition_vendor_nodes(site, name)[1])))
 
     return SitePolicy(
         profiles={n: profile(p) for n, p in site.profiles.items()},
-        partitions={n: partition(p) for n, p in site.partitions.items()},
+        partitions={n: partition(n, p) for n, p in site.partitions.items()},
         checkpoint_store=CheckpointStore(**site.checkpoint_store.model_dump()),
         measurement=MeasurementPolicy(**site.measurement.model_dump()),
     )

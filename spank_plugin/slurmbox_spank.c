@@ -12,6 +12,10 @@
  *     (spank_prepend_task_argv on Slurm >= 23.11, argv[0] replacement before).
  *   - slurm_spank_exit: run the cleanup (python -I -m slurmbox.sandbox.cleanup)
  *     and wait for it, so nothing outlives the step.
+ * In the submitting command (sbatch/salloc: allocator context, srun: local
+ * context) slurm_spank_init_post_opt runs python -I -m
+ * slurmbox.spank_plugin.submit_check for jobs that may run in a sandbox; its
+ * exit status 1 refuses the submission (the reason is on stderr).
  *
  * API: /usr/include/slurm/spank.h, spank(7).
  * Admin arguments in plugstack.conf: python=PATH launcher=PATH runtime_dir=PATH
@@ -53,6 +57,7 @@ static char conf_runtime_dir[256] = "/run/slurmbox";
 static char conf_site_config[PATH_MAX] = "";
 static char conf_required[1024] = "";
 
+static int conf_ok;                   /* plugstack arguments parsed (submit side) */
 static int sandboxed;                 /* this step runs in a sandbox */
 static int multi_prog;                /* step launched with srun --multi-prog */
 static char step_dir[1024];           /* runtime_dir/<node>/<job>.<step> */
@@ -135,6 +140,8 @@ int slurm_spank_init(spank_t sp, int ac, char **av)
 			return -1;
 	if (spank_context() == S_CTX_REMOTE)
 		return parse_args(ac, av);
+	if (spank_context() == S_CTX_ALLOCATOR || spank_context() == S_CTX_LOCAL)
+		conf_ok = parse_args(ac, av) == 0; /* a bad line is reported but blocks no submission */
 	return 0;
 }
 
@@ -292,10 +299,89 @@ static int trusted_partition(uint32_t jobid, char *buf, size_t len)
 	return 0;
 }
 
+/*
+ * Submit side (sbatch, salloc, srun before the job is queued): run the
+ * Python check as the submitting user with a fixed environment; it reads the
+ * command's argv, input environment and batch script through /proc/PID of
+ * this process. Exit status 1 refuses the submission; anything else that is
+ * not 0 is a warning, never a refusal. Jobs that cannot run in a sandbox, or
+ * chose a checkpoint mode other than transparent, and steps of a running job
+ * (srun with SLURM_JOB_ID) skip it.
+ */
+static int submit_check(spank_context_t ctx)
+{
+	if (!conf_ok || (ctx == S_CTX_LOCAL && getenv("SLURM_JOB_ID")))
+		return 0;
+	const char *env = getenv("SLURMBOX_SANDBOX");
+	int wants = conf_required[0] || (env && env_truthy(env));
+	for (int i = 0; i < SBX_OPT_COUNT; i++)
+		wants |= opt_given[i] && i != O_NO_SANDBOX;
+	if (!wants || (opt_given[O_CHECKPOINT] && opt_values[O_CHECKPOINT][0] &&
+		       strcmp(opt_values[O_CHECKPOINT], "transparent") != 0))
+		return 0;
+
+	char s_pid[32];
+	static char optbuf[SBX_OPT_COUNT][PATH_MAX + 32];
+	char *argv[64];
+	int argc = 0;
+	snprintf(s_pid, sizeof(s_pid), "%d", (int)getpid());
+	add_arg(argv, &argc, 64, conf_python);
+	add_arg(argv, &argc, 64, "-I");
+	add_arg(argv, &argc, 64, "-m");
+	add_arg(argv, &argc, 64, "slurmbox.spank_plugin.submit_check");
+	add_arg(argv, &argc, 64, "--pid"); add_arg(argv, &argc, 64, s_pid);
+	add_arg(argv, &argc, 64, "--site-config"); add_arg(argv, &argc, 64, conf_site_config);
+	add_arg(argv, &argc, 64, "--required-partitions"); add_arg(argv, &argc, 64, conf_required);
+	for (int i = 0; i < SBX_OPT_COUNT; i++) {
+		if (!opt_given[i])
+			continue;
+		if ((size_t)snprintf(optbuf[i], sizeof(optbuf[i]), "%s=%s", opt_keys[i], opt_values[i]) >=
+		    sizeof(optbuf[i]))
+			return 0; /* the step start reports the over-long value */
+		add_arg(argv, &argc, 64, "--option");
+		add_arg(argv, &argc, 64, optbuf[i]);
+	}
+	argv[argc] = NULL;
+	char *envp[] = {"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG=C.UTF-8", NULL};
+
+	fflush(stdout);
+	fflush(stderr);
+	pid_t pid = fork();
+	if (pid < 0)
+		return 0;
+	if (pid == 0) {
+		int devnull = open("/dev/null", O_RDONLY);
+		if (devnull >= 0)
+			dup2(devnull, 0);
+		dup2(2, 1); /* stdout carries sbatch --parsable output: keep ours off it */
+		if (close_range(3, ~0U, 0) != 0) {
+			long max_fd = sysconf(_SC_OPEN_MAX);
+			for (long fd = 3; fd < (max_fd > 0 && max_fd < 65536 ? max_fd : 65536); fd++)
+				close((int)fd);
+		}
+		execve(conf_python, argv, envp);
+		_exit(127);
+	}
+	int status = 0;
+	while (waitpid(pid, &status, 0) < 0) {
+		if (errno != EINTR)
+			return 0;
+	}
+	if (WIFEXITED(status) && WEXITSTATUS(status) == 1)
+		return -1;
+	if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+		fprintf(stderr, "slurmbox: warning: the submit-time check (%s -m slurmbox.spank_plugin.submit_check) "
+			"did not run (status %d); the job's steps are checked when they start\n", conf_python, status);
+	return 0;
+}
+
 int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 {
 	(void)ac; (void)av;
-	if (spank_context() != S_CTX_REMOTE)
+	spank_context_t ctx = spank_context();
+	if (ctx == S_CTX_ALLOCATOR || ctx == S_CTX_LOCAL)
+		return submit_check(ctx);
+	if (ctx != S_CTX_REMOTE)
 		return 0;
 
 	uint32_t jobid = 0, stepid = 0, ntasks = 0;
