@@ -12,14 +12,23 @@ write and read of the same number of bytes to the same file system:
   (posix_fadvise DONTNEED), as on a node that did not write it;
 - plain write = write + fsync of the same bytes; plain read = cold read of them.
 
+Runs alternate which of the two goes first (see throughput); use an even
+``--runs`` for a balanced order.
+
 Printed as MB/s and as ratios (goal: checkpoint >= 0.70 of plain write;
-restore no slower than checkpoint).
+restore no slower than checkpoint). ``--runsc PATH`` runs part 1 with another
+runsc binary (e.g. Debian 13's, extracted next to Debian 12's), and
+``--compression``/``--no-direct`` choose the ``runsc checkpoint`` flags where
+that runsc has them (slurmbox.migrate.runsc_checkpoint; the 2022 build has neither
+and always compresses).
 
 Part 2 (dev cluster, skipped with ``--no-cluster``): the time from a Slurm
 preemption (a higher-priority job submitted) and from ``slurmbox migrate``
-until the sandboxed job runs again on the other node and prints again.
+until the sandboxed job runs again on the other node and prints again. It
+uses the runsc slurmbox finds on the nodes (sandbox/runsc.py find_runsc).
 
     python benchmarks/checkpoint_throughput.py --sizes 64 256 1024 --runs 3
+    python benchmarks/checkpoint_throughput.py --no-cluster --runsc /tmp/runsc-trixie/x/usr/bin/runsc
 """
 
 import argparse
@@ -38,10 +47,10 @@ HOLDER = ("import random, sys, time\n"
           "time.sleep(3600)\n")
 
 
-def runsc_prefix(state):
+def runsc_prefix(state, binary=None):
     from slurmbox.sandbox import runsc
 
-    binary = runsc.find_runsc()
+    binary = os.path.abspath(binary) if binary else runsc.find_runsc()
     caps = runsc.capabilities(binary, state)
     return runsc.global_args(binary, os.path.join(state, "runsc"), runsc.choose_platform("auto", caps), "none")
 
@@ -94,7 +103,7 @@ def plain_read(path):
     return time.perf_counter() - start
 
 
-def one_sandbox(prefix, work, store, megabytes, index):
+def one_sandbox(prefix, work, store, megabytes, index, direct=None):
     """(checkpoint s, runsc part s, restore s, verify part s, image bytes) for one sandbox."""
     from slurmbox.migrate.runsc_checkpoint import checkpoint_sandbox
 
@@ -108,7 +117,8 @@ def one_sandbox(prefix, work, store, megabytes, index):
             raise RuntimeError("the benchmark sandbox did not start: %s" % proc.stderr.read().decode()[-500:])
         pending = store.begin("bench", "s%d" % megabytes, 0)
         start = time.perf_counter()
-        ckpt, runsc_s = checkpoint_sandbox(prefix, cid, pending, {"node": "bench", "reason": "benchmark"}, spec)
+        ckpt, runsc_s = checkpoint_sandbox(prefix, cid, pending, {"node": "bench", "reason": "benchmark"}, spec,
+                                           cache_dir=os.path.join(work, "state"), direct=direct)
         checkpoint_s = time.perf_counter() - start
         proc.wait(timeout=60)
         subprocess.run(prefix + ["delete", "--force", cid], capture_output=True)
@@ -123,14 +133,13 @@ def one_sandbox(prefix, work, store, megabytes, index):
         # Detached: runsc returns once the sandbox runs. Its stdio goes to a file of ours (never
         # /dev/null, which runsc would re-own; never a pipe, which the sandbox would keep open).
         with open(os.path.join(work, "restore-%d.log" % megabytes), "w+") as log:
-            restored = subprocess.run(prefix + ["restore", "--detach", "--image-path", ckpt.path, "--bundle", bundle,
-                                                cid], stdin=log, stdout=log,
-                                      stderr=log)
+            restored = subprocess.run(prefix + ["restore", "--detach", "--image-path", ckpt.path,
+                                                "--bundle", bundle, cid], stdin=log, stdout=log, stderr=log)
             restore_s = time.perf_counter() - start
             log.seek(0)
             if restored.returncode != 0:
                 raise RuntimeError("runsc restore failed: %s" % log.read()[-500:])
-        return checkpoint_s, runsc_s, restore_s, verify_s, image
+        return checkpoint_s, runsc_s, restore_s, verify_s, image, ckpt.manifest["runsc"]
     finally:
         subprocess.run(prefix + ["kill", cid, "KILL"], capture_output=True)
         subprocess.run(prefix + ["delete", "--force", cid], capture_output=True)
@@ -140,29 +149,41 @@ def one_sandbox(prefix, work, store, megabytes, index):
         store.remove_step("bench", "s%d" % megabytes)
 
 
-def throughput(sizes, runs, directory):
+def throughput(sizes, runs, directory, binary=None, compression="none", direct=None):
     from slurmbox.migrate.store import CheckpointStore
 
     work = tempfile.mkdtemp(prefix="sbx-ckpt-bench-", dir=directory)
     try:
-        store = CheckpointStore(os.path.join(work, "store"), keep_last=1)
-        prefix = runsc_prefix(os.path.join(work, "state"))
+        store = CheckpointStore(os.path.join(work, "store"), keep_last=1, compression=compression)
+        prefix = runsc_prefix(os.path.join(work, "state"), binary)
+        print("load average %s; runsc %s" % (" ".join("%.2f" % x for x in os.getloadavg()), " ".join(prefix)),
+              flush=True)
+        described = None
         chunk = os.urandom(8 << 20)
         rows = []
         for megabytes in sizes:
             samples = {k: [] for k in ("ckpt", "runsc", "restore", "verify", "write", "read", "image")}
             for index in range(runs):
-                ckpt_s, runsc_s, restore_s, verify_s, image = one_sandbox(prefix, work, store, megabytes, index)
+                # Alternate which goes first (A B, B A, ...): on virtual disks with a write-back cache on
+                # the host, whatever follows a large write pays for flushing it.
                 plain = os.path.join(work, "plain.bin")
-                write_s = plain_write(plain, megabytes << 20, chunk)
-                read_s = plain_read(plain)
-                os.unlink(plain)
+                if index % 2:
+                    write_s = plain_write(plain, megabytes << 20, chunk)
+                    read_s = plain_read(plain)
+                    os.unlink(plain)
+                ckpt_s, runsc_s, restore_s, verify_s, image, described = one_sandbox(prefix, work, store, megabytes,
+                                                                                     index, direct)
+                if not index % 2:
+                    write_s = plain_write(plain, megabytes << 20, chunk)
+                    read_s = plain_read(plain)
+                    os.unlink(plain)
                 for key, value in (("ckpt", ckpt_s), ("runsc", runsc_s), ("restore", restore_s), ("verify", verify_s),
                                    ("write", write_s), ("read", read_s), ("image", image)):
                     samples[key].append(value)
             med = {k: statistics.median(v) for k, v in samples.items()}
             mb = float(megabytes)
-            rows.append({"MB": megabytes, "image_MB": med["image"] / 1e6,
+            rows.append({"MB": megabytes, "image_MB": med["image"] / 1e6, "runsc": described,
+                         "load_average": os.getloadavg()[0],
                          "checkpoint_s": med["ckpt"], "runsc_checkpoint_s": med["runsc"],
                          "restore_s": med["restore"], "verify_s": med["verify"],
                          "plain_write_s": med["write"], "plain_read_s": med["read"],
@@ -178,8 +199,91 @@ def throughput(sizes, runs, directory):
                      mb / med["write"], med["write"] / med["ckpt"], med["restore"], med["verify"], mb / med["restore"],
                      med["read"], mb / med["read"], med["read"] / med["restore"], med["ckpt"] / med["restore"]),
                   flush=True)
+        print("runsc %s, checkpoint flags %s, image compression %s; load average now %s"
+              % (described["version"], " ".join(described["checkpoint_flags"]) or "(none)",
+                 described["image_compression"], " ".join("%.2f" % x for x in os.getloadavg())), flush=True)
         return rows
     finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+COUNTER = "i=0; while :; do i=$((i+1)); echo $i; sleep 0.02; done"
+
+
+def resume_check(binary=None, directory="/var/tmp", compression="none", restore_binary=None):
+    """Checkpoint a counting sandbox through slurmbox's code path and restore it; the count must go on.
+
+    ``binary``: runsc for run + checkpoint (default the installed one);
+    ``restore_binary``: runsc for the restore (default the same; another
+    one checks whether images move between runsc versions). Returns a dict:
+    ``ok`` (bool), ``lines`` (numbers printed), ``message`` (what failed).
+    """
+    from slurmbox.migrate.runsc_checkpoint import checkpoint_sandbox, restore_argv
+    from slurmbox.migrate.store import CheckpointStore
+
+    work = tempfile.mkdtemp(prefix="sbx-ckpt-resume-", dir=directory)
+    prefix = runsc_prefix(os.path.join(work, "state"), binary)
+    restore_prefix = prefix if not restore_binary else runsc_prefix(os.path.join(work, "state"), restore_binary)
+    bundle = os.path.join(work, "bundle")
+    spec = write_bundle(bundle, 0)
+    spec["process"]["args"] = ["/bin/sh", "-c", COUNTER]
+    with open(os.path.join(bundle, "config.json"), "w") as handle:
+        json.dump(spec, handle)
+    out = os.path.join(work, "count.out")
+    cid = "resume-%d" % os.getpid()
+    store = CheckpointStore(os.path.join(work, "store"), keep_last=1, compression=compression)
+    procs = []
+
+    def lines():
+        with open(out) as handle:
+            return handle.read().split()
+
+    def wait_lines(n, timeout=60):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if len(lines()) >= n:
+                return True
+            time.sleep(0.02)
+        return False
+
+    try:
+        with open(out, "a") as log, open(os.devnull) as null:
+            procs.append(subprocess.Popen(prefix + ["run", "--bundle", bundle, cid], stdin=null, stdout=log,
+                                          stderr=subprocess.PIPE))
+            if not wait_lines(20):
+                return {"ok": False, "lines": 0, "message": "the counter did not start: %s"
+                        % procs[0].stderr.read().decode()[-300:] if procs[0].poll() is not None else "no output"}
+            ckpt, _took = checkpoint_sandbox(prefix, cid, store.begin("resume", "batch", 0),
+                                             {"node": "bench", "reason": "resume-check"}, spec,
+                                             cache_dir=os.path.join(work, "state"))
+            procs[0].wait(timeout=60)
+            subprocess.run(prefix + ["delete", "--force", cid], capture_output=True)
+            seen = len(lines())
+            procs.append(subprocess.Popen(restore_argv(restore_prefix, ckpt.path, bundle, cid), stdin=null,
+                                          stdout=log, stderr=subprocess.PIPE))
+            resumed = wait_lines(seen + 20, timeout=30)
+        numbers = lines()
+        if not resumed:
+            failed = procs[1].poll()
+            detail = procs[1].stderr.read().decode().strip().splitlines() if failed is not None else []
+            return {"ok": False, "lines": len(numbers), "message": "no output after restore (runsc restore %s%s)"
+                    % ("exit %s" % failed if failed is not None else "still running",
+                       ": " + detail[-1] if detail else "")}
+        expected = [str(i) for i in range(1, len(numbers) + 1)]
+        if numbers != expected:
+            bad = next(i for i, (a, b) in enumerate(zip(numbers, expected)) if a != b)
+            return {"ok": False, "lines": len(numbers), "message": "sequence broken at line %d: %s"
+                    % (bad + 1, " ".join(numbers[max(0, bad - 2):bad + 3]))}
+        return {"ok": True, "lines": len(numbers), "message": "%d before the checkpoint, %d after, no gap or repeat"
+                % (seen, len(numbers) - seen), "manifest_runsc": ckpt.manifest["runsc"]}
+    finally:
+        for pre in (prefix, restore_prefix):
+            subprocess.run(pre + ["kill", cid, "KILL"], capture_output=True)
+            subprocess.run(pre + ["delete", "--force", cid], capture_output=True)
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
         shutil.rmtree(work, ignore_errors=True)
 
 
@@ -265,10 +369,30 @@ def main():
     parser.add_argument("--no-throughput", action="store_true", help="skip the throughput part")
     parser.add_argument("--slurm-conf", help="use this running dev cluster (else one is started)")
     parser.add_argument("--json", help="also write the results to this file")
+    parser.add_argument("--runsc", help="runsc binary for the throughput part (default: the installed one, "
+                        "as slurmbox finds it)")
+    parser.add_argument("--compression", default="none", choices=("none", "flate-best-speed"),
+                        help="checkpoint_store.compression to benchmark (runsc without -compression always "
+                        "compresses)")
+    parser.add_argument("--resume-check", action="store_true", help="first checkpoint and restore a counting "
+                        "sandbox with --runsc (and with --restore-runsc for the restore) and check the count goes on")
+    parser.add_argument("--restore-runsc", help="runsc binary for --resume-check's restore (default: --runsc)")
+    parser.add_argument("--no-direct", dest="direct", action="store_const", const=False, default=None,
+                        help="do not pass -direct (O_DIRECT pages file) to runsc checkpoint (slurmbox passes it "
+                        "where runsc has it and the file system takes O_DIRECT)")
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root (runsc checkpoint/restore and the dev cluster need it)")
-    results = {} if args.no_throughput else {"throughput": throughput(args.sizes, args.runs, args.dir)}
+    if args.runsc and not os.access(args.runsc, os.X_OK):
+        sys.exit("--runsc %s: not an executable file" % args.runsc)
+    results = {}
+    if args.resume_check:
+        results["resume_check"] = resume_check(args.runsc, args.dir, args.compression, args.restore_runsc)
+        print("resume check (runsc %s, restored by %s): %s, %s" % (
+            args.runsc or "installed", args.restore_runsc or "the same", "OK" if results["resume_check"]["ok"]
+            else "FAILED", results["resume_check"]["message"]), flush=True)
+    results.update({} if args.no_throughput else {"throughput": throughput(args.sizes, args.runs, args.dir, args.runsc,
+                                                                      args.compression, args.direct)})
     if not args.no_cluster:
         cluster = None
         conf = args.slurm_conf

@@ -143,19 +143,30 @@ def test_checkpoint_argv_order():
         "runsc", "--root", "/r", "checkpoint", "--compression=none", "--image-path", "/img", "cid"]
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="the checkpoint store must be root-owned")
-@pytest.mark.parametrize("version,compression,argv_flags,recorded_compression", [
-    (OLD, "none", [], "flate-best-speed"),
-    (NEW, "none", ["--compression=none"], "none"),
-    (NEW, "flate-best-speed", ["--compression=flate-best-speed"], "flate-best-speed"),
-])
-def test_checkpoint_sandbox_passes_the_flags_and_records_them(tmp_path, version, compression, argv_flags,
-                                                              recorded_compression):
-    rc._memo.clear()
-    binary, _calls = fake_runsc(tmp_path, version)
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the checkpoint store must be root-owned")
+
+
+def _store(tmp_path, compression="none"):
     root = tmp_path / "store"
-    root.mkdir(mode=0o755)
-    store = CheckpointStore(str(root), compression=compression)
+    root.mkdir(mode=0o755, exist_ok=True)
+    return CheckpointStore(str(root), compression=compression)
+
+
+@needs_root
+@pytest.mark.parametrize("version,compression,direct_ok,argv_flags,recorded_compression", [
+    (OLD, "none", True, [], "flate-best-speed"),
+    (NEW, "none", True, ["--compression=none", "--direct"], "none"),
+    (NEW, "none", False, ["--compression=none"], "none"),  # the store's file system refuses O_DIRECT
+    (NEW, "flate-best-speed", True, ["--compression=flate-best-speed", "--direct"], "flate-best-speed"),
+])
+def test_checkpoint_sandbox_passes_the_flags_and_records_them(tmp_path, monkeypatch, version, compression, direct_ok,
+                                                              argv_flags, recorded_compression):
+    from slurmbox.migrate.store import PendingCheckpoint
+
+    rc._memo.clear()
+    monkeypatch.setattr(PendingCheckpoint, "direct_io_ok", lambda self: direct_ok)
+    binary, _calls = fake_runsc(tmp_path, version)
+    store = _store(tmp_path, compression)
     pending = store.begin("5", "batch", os.getuid())
     ckpt, _took = rc.checkpoint_sandbox([binary, "--root", "/x"], "cid", pending, {"reason": "unit"},
                                         {"mounts": []}, cache_dir=str(tmp_path / "cache"))
@@ -168,3 +179,97 @@ def test_checkpoint_sandbox_passes_the_flags_and_records_them(tmp_path, version,
     assert described["image_compression"] == recorded_compression
     assert described["version"] == recorded("version", version).splitlines()[0].replace("runsc version ", "")
     assert store.verify(ckpt).valid
+
+
+@needs_root
+def test_checkpoint_sandbox_without_direct_when_asked(tmp_path):
+    rc._memo.clear()
+    binary, _calls = fake_runsc(tmp_path, NEW)
+    store = _store(tmp_path)
+    ckpt, _took = rc.checkpoint_sandbox([binary], "cid", store.begin("6", "batch", os.getuid()), {}, None,
+                                        direct=False)
+    assert ckpt.manifest["runsc"]["checkpoint_flags"] == ["--compression=none"]
+
+
+@needs_root
+def test_direct_io_probe_leaves_nothing_behind(tmp_path):
+    pending = _store(tmp_path).begin("7", "batch", os.getuid())
+    assert pending.direct_io_ok() is True  # ext4 and tmpfs (Linux >= 6.6) take O_DIRECT
+    assert os.listdir(pending.image_dir) == []
+
+
+@needs_root
+def test_publish_flushes_and_hashes_every_file(tmp_path, monkeypatch):
+    import hashlib
+
+    synced = []
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        synced.append(os.readlink("/proc/self/fd/%d" % fd))
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    store = _store(tmp_path)
+    pending = store.begin("8", "batch", os.getuid())
+    blobs = {"checkpoint.img": os.urandom(5000), "pages.img": os.urandom(3 << 20), "pages_meta.img": b"m"}
+    for name, blob in blobs.items():
+        with open(os.path.join(pending.image_dir, name), "wb") as handle:
+            handle.write(blob)
+    ckpt = pending.publish({})
+    files = {f["name"]: f for f in ckpt.manifest["files"]}
+    assert {n: (f["size"], f["sha256"]) for n, f in files.items()} == {
+        n: (len(b), hashlib.sha256(b).hexdigest()) for n, b in blobs.items()}
+    for name in blobs:  # flushed under its temporary name, before the rename
+        assert os.path.join(pending.image_dir, name) in synced
+
+
+@needs_root
+def test_publish_failure_of_fsync_removes_the_partial_checkpoint(tmp_path, monkeypatch):
+    import errno
+
+    from slurmbox.migrate.store import StoreFull
+
+    def fsync(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    store = _store(tmp_path)
+    pending = store.begin("9", "batch", os.getuid())
+    with open(os.path.join(pending.image_dir, "pages.img"), "wb") as handle:
+        handle.write(b"x" * 4096)
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(StoreFull, match="is full"):
+        pending.publish({})
+    assert not os.path.exists(pending.image_dir) and store.checkpoints("9", "batch") == []
+
+
+@pytest.mark.parametrize("size", [0, 1, 4096, 5000, 8 << 20, (8 << 20) + 1, (17 << 20) + 123])
+def test_direct_hash_matches_sha256(tmp_path, size):
+    import hashlib
+
+    from slurmbox.migrate.store import file_sha256
+
+    blob = os.urandom(size)
+    path = tmp_path / "pages.img"
+    path.write_bytes(blob)
+    assert file_sha256(str(path), direct=True) == (size, hashlib.sha256(blob).hexdigest())
+    assert file_sha256(str(path)) == (size, hashlib.sha256(blob).hexdigest())
+
+
+def test_direct_hash_falls_back_when_o_direct_is_refused(tmp_path, monkeypatch):
+    import errno
+    import hashlib
+
+    from slurmbox.migrate import store as store_module
+
+    real_open = os.open
+
+    def no_direct(path, flags, *args):
+        if flags & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", no_direct)
+    path = tmp_path / "pages.img"
+    path.write_bytes(b"abc" * 1000)
+    assert store_module.file_sha256(str(path), direct=True) == (3000, hashlib.sha256(b"abc" * 1000).hexdigest())
