@@ -24,10 +24,12 @@ lines), its checkpoint mode is transparent, and gVisor cannot save the GPUs'
 state there: the partition's accelerators (site configuration) are AMD, TPU
 or Trainium, or the installed runsc has no CUDA checkpoint flag. The decision
 is slurmbox.migrate.policy.refuse_gpu_transparent's, the same the supervisor
-applies when the step starts (which stays the authoritative check): sbatch
-jobs are refused for an explicit ``--sandbox-checkpoint=transparent`` and for
-the site default on a preemptible partition; srun and salloc jobs, whose
-steps are never checkpointed transparently, only for the explicit request.
+applies when the step starts (which stays the authoritative check): jobs are
+refused for an explicit ``--sandbox-checkpoint=transparent`` and for the site
+default on a preemptible partition, except that salloc (its allocation runs no
+checkpointed step) and an srun step that the supervisor would not checkpoint
+anyway (several tasks per node, ``--pty``, ``--multi-prog``) are refused only
+for the explicit request.
 
 Anything this module cannot interpret (an unknown option, a heterogeneous
 job, a script read from stdin, a step inside an existing allocation) makes
@@ -103,16 +105,19 @@ _SHORT = {
     "srun": "A:B:C:D:EF:G:HI::J:K::L:M:N:OQS:T:VW:XZb:c:d:e:hi:k::lm:n:o:p:q:r:st:uvw:x:",
 }
 #: Short options this check reads, by their long name.
-_SHORT_NAMES = {"G": "gpus", "p": "partition", "D": "chdir"}
+_SHORT_NAMES = {"G": "gpus", "p": "partition", "D": "chdir", "n": "ntasks", "N": "nodes"}
 #: Options that ask for GPUs (their values are GPU counts, see gpu_count).
 GPU_OPTIONS = ("gres", "gpus", "gpus-per-node", "gpus-per-socket", "gpus-per-task", "tres-per-task")
 #: Options read here; every other option is only skipped over.
-READ_OPTIONS = GPU_OPTIONS + ("partition", "jobid", "chdir", "wrap")
+READ_OPTIONS = GPU_OPTIONS + ("partition", "jobid", "chdir", "wrap", "ntasks", "ntasks-per-node", "nodes", "pty",
+                               "multi-prog")
 #: Input environment variable prefix per command (env_vars tables of Slurm 22.05).
 ENV_PREFIX = {"sbatch": "SBATCH_", "salloc": "SALLOC_", "srun": "SLURM_"}
 ENV_OPTIONS = {"GRES": "gres", "GPUS": "gpus", "GPUS_PER_NODE": "gpus-per-node",
                "GPUS_PER_SOCKET": "gpus-per-socket", "GPUS_PER_TASK": "gpus-per-task",
                "TRES_PER_TASK": "tres-per-task", "PARTITION": "partition"}
+#: srun's task-count input variables (srun reads SLURM_NTASKS, SLURM_NPROCS, SLURM_NTASKS_PER_NODE).
+SRUN_ENV_OPTIONS = {"NPROCS": "ntasks", "NTASKS": "ntasks", "NTASKS_PER_NODE": "ntasks-per-node"}
 #: Read at most this many bytes of a batch script for its directives.
 SCRIPT_READ_LIMIT = 1 << 20
 ROOT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -304,11 +309,15 @@ def gpu_count(option, value):
 class Request:
     """What a submission asks for: ``command`` (sbatch, salloc, srun), ``gpus`` (``[(option, value,
     where)]`` with a non-zero GPU count), ``partitions`` (names; empty = the cluster's default),
-    ``partition_source`` (where the partition came from), ``existing_job`` (a step of a running job)."""
+    ``partition_source`` (where the partition came from), ``existing_job`` (a step of a running job),
+    ``checkpointable_step`` (srun: surely one task per node, no ``--pty``, no ``--multi-prog``: a step
+    the supervisor can checkpoint, see slurmbox.migrate.step_checkpoint)."""
 
-    def __init__(self, command, gpus, partitions, partition_source="", existing_job=False):
+    def __init__(self, command, gpus, partitions, partition_source="", existing_job=False,
+                 checkpointable_step=True):
         self.command, self.gpus, self.partitions = command, gpus, partitions
         self.partition_source, self.existing_job = partition_source, existing_job
+        self.checkpointable_step = checkpointable_step
 
     def __repr__(self):
         return "Request(%r, gpus=%r, partitions=%r, existing_job=%r)" % (
@@ -324,6 +333,23 @@ def _effective(entries, name):
     return last
 
 
+def _one_task_per_node(entries):
+    """True when srun's options surely give one task per node (srun(1): without -n, one task per node)."""
+    per_node = _effective(entries, "ntasks-per-node")
+    if per_node is not None:
+        return per_node[0] == "1"
+    ntasks = _effective(entries, "ntasks")
+    if ntasks is None:
+        return True
+    nodes = _effective(entries, "nodes")
+    try:
+        count = int(ntasks[0])
+        fewest_nodes = int((nodes[0] if nodes else "1").split("-")[0])
+    except ValueError:
+        return False
+    return count <= max(fewest_nodes, 1)
+
+
 def read_request(command, argv, env, script_reader=None):
     """The Request of ``command`` run with ``argv`` (argv[0] included) and input environment ``env``.
 
@@ -334,8 +360,9 @@ def read_request(command, argv, env, script_reader=None):
     options, operands = parse_options(command, list(argv[1:]))
     cmdline = [(name, value, "command line") for name, value in options]
     prefix = ENV_PREFIX[command]
+    known = dict(ENV_OPTIONS, **(SRUN_ENV_OPTIONS if command == "srun" else {}))
     environment = [(name, env[prefix + key], "%s%s" % (prefix, key))
-                   for key, name in ENV_OPTIONS.items() if env.get(prefix + key)]
+                   for key, name in known.items() if env.get(prefix + key)]
     entries = environment + cmdline
     if command == "sbatch" and _effective(cmdline, "wrap") is None:
         if not operands or operands[0] == "-" or script_reader is None:
@@ -353,7 +380,9 @@ def read_request(command, argv, env, script_reader=None):
             gpus.append((name, last[0], last[1]))
     partition = _effective(entries, "partition")
     partitions = [p for p in (partition[0] or "").split(",") if p] if partition else []
-    return Request(command, gpus, partitions, partition[1] if partition else "", existing)
+    checkpointable = command != "srun" or (_one_task_per_node(entries) and _effective(entries, "pty") is None
+                                           and _effective(entries, "multi-prog") is None)
+    return Request(command, gpus, partitions, partition[1] if partition else "", existing, checkpointable)
 
 
 # -- the submitting process --------------------------------------------------------------------------
@@ -513,7 +542,9 @@ def refusal(request, options, env, site, required_partitions, runsc_info, defaul
             continue  # a bad value: the step start names it
         if settings.mode != "transparent":
             continue
-        if request.command != "sbatch":  # only batch steps are checkpointed; a site default changes nothing
+        if request.command == "salloc" or not request.checkpointable_step:
+            # salloc's allocation runs no checkpointed step (its sruns are checked when they start); an srun
+            # step with several tasks per node or a terminal runs without checkpoints under a site default.
             settings = dataclasses.replace(settings, preemptible=False)
         vendors = set(getattr(part_policy, "accelerator_vendors", ()) or ())
         try:  # even with a runsc that cannot save GPUs, would the policy refuse? If not, runsc is not asked.

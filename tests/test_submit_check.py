@@ -186,15 +186,28 @@ def test_signal_none_no_gpus_no_sandbox_and_steps_of_a_running_job_pass():
     assert _decide(_request(), {"no-sandbox": ""}, site)[0] is None
 
 
-def test_site_default_refuses_sbatch_only_on_a_preemptible_partition():
+def test_site_default_refuses_only_on_a_preemptible_partition_and_only_checkpointable_steps():
     site = _site(spot=SPOT_NVIDIA, ondemand=ONDEMAND_NVIDIA)
-    message, _ = _decide(_request(), {"sandbox": ""}, site)
-    assert "the default of preemptible partition spot" in message
-    assert _decide(_request(partitions=["ondemand"]), {"sandbox": ""}, site)[0] is None  # the step start uses none
-    # srun and salloc steps are never checkpointed transparently: only the explicit request is refused.
-    for command in ("srun", "salloc"):
-        assert _decide(_request(command), {"sandbox": ""}, site)[0] is None
-        assert _decide(_request(command), {"sandbox": "", "checkpoint": "transparent"}, site)[0]
+    for command in ("sbatch", "srun"):
+        message, _ = _decide(_request(command), {"sandbox": ""}, site)
+        assert "the default of preemptible partition spot" in message
+        assert _decide(_request(command, partitions=["ondemand"]), {"sandbox": ""}, site)[0] is None  # -> none
+    # salloc's allocation runs no checkpointed step, and an srun step with several tasks per node or a
+    # terminal runs without checkpoints under a site default: only the explicit request is refused there.
+    several = sc.Request("srun", [("gpus", "1", "command line")], ["spot"], checkpointable_step=False)
+    for request in (_request("salloc"), several):
+        assert _decide(request, {"sandbox": ""}, site)[0] is None
+        assert _decide(request, {"sandbox": "", "checkpoint": "transparent"}, site)[0]
+
+
+@pytest.mark.parametrize("argv,env,checkpointable", [
+    (["srun", "prog"], {}, True), (["srun", "-N2", "-n2", "prog"], {}, True), (["srun", "-n1", "prog"], {}, True),
+    (["srun", "-n4", "prog"], {}, False), (["srun", "-N2-4", "-n3", "prog"], {}, False),
+    (["srun", "-n4", "--ntasks-per-node=1", "prog"], {}, True), (["srun", "--pty", "bash"], {}, False),
+    (["srun", "--multi-prog", "conf"], {}, False), (["srun", "prog"], {"SLURM_NTASKS": "2"}, False),
+    (["srun", "-n1", "prog"], {"SLURM_NTASKS": "2"}, True), (["srun", "prog"], {"SLURM_NTASKS_PER_NODE": "2"}, False)])
+def test_srun_steps_that_the_supervisor_can_checkpoint(argv, env, checkpointable):
+    assert sc.read_request("srun", argv, env).checkpointable_step is checkpointable
 
 
 def test_environment_fallbacks_ask_for_the_sandbox_and_the_mode():
@@ -343,6 +356,16 @@ def test_sbatch_accepts_signal_mode_with_gpus_and_transparent_without(cluster, w
     finally:
         if accepted:
             cluster.run(["scancel"] + accepted, user="root")
+
+
+def test_sbatch_script_on_stdin_is_left_to_the_step_start(cluster, workdir):
+    name = "sc-%s" % uuid.uuid4().hex[:8]
+    result = cluster.run(["sbatch", "--parsable", "--hold", "-J", name], cwd=workdir,
+                         input="#!/bin/sh\n#SBATCH --sandbox --sandbox-checkpoint=transparent --gpus=1\ntrue\n")
+    try:
+        assert result.returncode == 0 and "slurmbox" not in result.stderr, result.stderr
+    finally:
+        cluster.run(["scancel", "-n", name], user="root")
 
 
 def test_srun_and_salloc_refuse_explicit_transparent_gpu_jobs(cluster, workdir):
