@@ -218,7 +218,7 @@ def resume_check(binary=None, directory="/var/tmp", compression="none", restore_
     one checks whether images move between runsc versions). Returns a dict:
     ``ok`` (bool), ``lines`` (numbers printed), ``message`` (what failed).
     """
-    from slurmbox.migrate.runsc_checkpoint import checkpoint_sandbox, restore_argv
+    from slurmbox.migrate.runsc_checkpoint import checkpoint_features, checkpoint_sandbox, restore_argv, restore_problem
     from slurmbox.migrate.store import CheckpointStore
 
     work = tempfile.mkdtemp(prefix="sbx-ckpt-resume-", dir=directory)
@@ -259,6 +259,7 @@ def resume_check(binary=None, directory="/var/tmp", compression="none", restore_
             procs[0].wait(timeout=60)
             subprocess.run(prefix + ["delete", "--force", cid], capture_output=True)
             seen = len(lines())
+            version_check = restore_problem(ckpt.manifest, checkpoint_features(restore_prefix[0]))
             procs.append(subprocess.Popen(restore_argv(restore_prefix, ckpt.path, bundle, cid), stdin=null,
                                           stdout=log, stderr=subprocess.PIPE))
             resumed = wait_lines(seen + 20, timeout=30)
@@ -266,9 +267,11 @@ def resume_check(binary=None, directory="/var/tmp", compression="none", restore_
         if not resumed:
             failed = procs[1].poll()
             detail = procs[1].stderr.read().decode().strip().splitlines() if failed is not None else []
-            return {"ok": False, "lines": len(numbers), "message": "no output after restore (runsc restore %s%s)"
+            return {"ok": False, "lines": len(numbers), "message": "no output after restore (runsc restore %s%s)%s"
                     % ("exit %s" % failed if failed is not None else "still running",
-                       ": " + detail[-1] if detail else "")}
+                       ": " + detail[-1] if detail else "",
+                       "; slurmbox's version check would have refused it: %s" % version_check if version_check
+                       else "")}
         expected = [str(i) for i in range(1, len(numbers) + 1)]
         if numbers != expected:
             bad = next(i for i, (a, b) in enumerate(zip(numbers, expected)) if a != b)

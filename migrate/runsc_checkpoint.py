@@ -221,3 +221,21 @@ def runsc_description(prefix):
     ``image_compression`` ("none" or "flate-best-speed").
     """
     return {"binary": prefix[0], "flags": list(prefix[1:])}
+
+
+def restore_problem(manifest, features):
+    """Why the runsc of ``features`` (checkpoint_features) cannot restore a checkpoint, or None.
+
+    ``manifest``: the checkpoint's manifest (dict; its ``runsc.version`` is
+    recorded by checkpoint_sandbox). gVisor restores only images written by
+    the same release: seen on this project's machines, runsc 0.0~20221219 and
+    0.0~20240729 each failed (exit 128, a Go panic in pkg/urpc) to restore
+    the other's image. Manifests without a recorded version, and runsc
+    binaries whose version is unknown, are not judged (None).
+    """
+    recorded = ((manifest or {}).get("runsc") or {}).get("version")
+    local = (features or {}).get("version")
+    if not recorded or not local or "unknown" in (recorded, local) or recorded == local:
+        return None
+    return ("written by runsc %s; this node's runsc %s cannot restore it (gVisor restores only images of its own "
+            "release): keep one runsc version on the nodes a job can be requeued to" % (recorded, local))

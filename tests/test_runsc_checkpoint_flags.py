@@ -273,3 +273,14 @@ def test_direct_hash_falls_back_when_o_direct_is_refused(tmp_path, monkeypatch):
     path = tmp_path / "pages.img"
     path.write_bytes(b"abc" * 1000)
     assert store_module.file_sha256(str(path), direct=True) == (3000, hashlib.sha256(b"abc" * 1000).hexdigest())
+
+
+def test_restore_problem_names_both_versions():
+    old = {"version": "0.0~20221219.0"}
+    new = {"version": "0.0~20240729.0"}
+    manifest = {"runsc": {"binary": "/usr/bin/runsc", "version": "0.0~20221219.0"}}
+    assert rc.restore_problem(manifest, old) is None
+    problem = rc.restore_problem(manifest, new)
+    assert "written by runsc 0.0~20221219.0" in problem and "runsc 0.0~20240729.0 cannot restore it" in problem
+    assert rc.restore_problem({"runsc": {"binary": "/usr/bin/runsc"}}, new) is None  # recorded before versions were
+    assert rc.restore_problem(manifest, {"version": "unknown"}) is None
