@@ -115,6 +115,25 @@ def test_periodic_step_checkpoints_are_listed_and_verified(cluster, workdir):
     _leftovers(cluster, job)
 
 
+def test_rank_is_the_nodes_index_in_the_step_not_in_the_job(cluster, workdir):
+    # The step runs on the job's second node only (srun -r1): it is rank 0 of its step.
+    body = ("export SLURMBOX_SANDBOX_CHECKPOINT_INTERVAL=0.1\n"
+            + srun_counter(count=200, prefix="$SLURM_NODEID:", srun_args="-N1 -n1 -r1 "))
+    job, out, err = submit(cluster, workdir, step_script(os.path.join(workdir, "job.sh"), body,
+                                                         "-p ondemand -N2 -n2"))
+    rank0 = store_dir(cluster, job, "0.node0")
+    cluster.wait_for(lambda: os.path.isdir(rank0) and any(n.startswith("ckpt-") for n in os.listdir(rank0)),
+                     timeout=120, what=lambda: "a periodic checkpoint of step 0 rank 0: %s" % open(err).read())
+    with open(os.path.join(rank0, sorted(n for n in os.listdir(rank0) if n.startswith("ckpt-"))[-1],
+                           "manifest.json")) as handle:
+        manifest = json.load(handle)
+    assert manifest["node_rank"] == 0 and manifest["step_nodes"] == 1 and manifest["node"] == "n2", manifest
+    assert os.listdir(store_dir(cluster, job)) == ["0.node0"]
+    wait_done(cluster, job, out, count=200)
+    assert lines(out) == ["0:%d" % i for i in range(1, 201)], lines(out)[:3]
+    _leftovers(cluster, job)
+
+
 def test_several_tasks_per_node_explicit_checkpoints_are_refused(cluster, workdir):
     result = cluster.srun("-p", "spot", "-N1", "-n2", "--sandbox", "/bin/true", cwd=workdir,
                           env={"SLURMBOX_SANDBOX_CHECKPOINT": "transparent"})
