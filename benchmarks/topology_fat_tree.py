@@ -14,13 +14,15 @@ and the peak Python memory (tracemalloc) of each, measured in separate passes so
 does not slow the timed ones. CPU time is printed too because on a shared machine other
 processes stretch wall-clock times unevenly.
 
-The parse is the full one every output uses (nodes with kind, description, host, GUID and
-port count; deduplicated links with width and speed; warnings); it keeps nodes and links as
-compact rows and makes FabricNode and Link objects when ``Fabric.nodes``/``Fabric.links`` is
-first read. Writing the tree reads only node kinds, CA hosts and link ends from the rows (and
-builds the 1,280 switch nodes it names), so it never does that for the CAs and links. The
-deferred steps are timed and printed on their own lines, outside the ratio (``show --json``,
-``place`` and the other outputs pay them once).
+The parse is the one every output uses (``topology.ibnetdiscover.read``): node sections
+that look exactly as ibnetdiscover prints them are found with whole-text string operations
+(topology/ibnetdiscover_sections.py) and give the nodes (kind, description, host, GUID,
+port count) and, per node, the idents its port lines name; anything irregular sends the
+whole text through the line-by-line reader. Port numbers, widths, speeds, the warnings and
+the Link objects are read line by line when ``Fabric.links`` or ``Fabric.warnings`` is first
+read (``show``, ``place``, JSON output); FabricNode objects when ``Fabric.nodes`` is. Writing
+the tree needs neither; those deferred steps are timed and printed on their own lines,
+outside the ratio.
 
     python benchmarks/topology_fat_tree.py [--runs 5] [--hosts 16384] [--keep FILE]
 """
@@ -179,7 +181,7 @@ def main(argv=None):
         print("  ratio (parse + generate) / read: %.1fx  (goal <= 10x)" % ((parse_t + gen_t) / read_t))
         print("  (not in the ratio) FabricNode objects on first use of Fabric.nodes: %.1f ms"
               % (statistics.median(table["nodes"]) * 1e3))
-        print("  (not in the ratio) Link objects on first use of Fabric.links: %.1f ms"
+        print("  (not in the ratio) ports, speeds, warnings and Link objects on first use of Fabric.links: %.1f ms"
               % (statistics.median(table["links"]) * 1e3))
     read_peak = peak(read_lines, path)
     work_peak = peak(parse_and_generate, path)

@@ -26,6 +26,7 @@ import re
 import subprocess
 
 from .hostlists import is_host_name
+from .ibnetdiscover_sections import split_sections
 from .model import Fabric, FabricNode, Link, TopologyError, no_gc
 
 _DEFAULT_MARKERS = ("Mellanox Technologies", "InfiniHost", "ConnectX", "Voltaire")
@@ -76,161 +77,253 @@ def parse(text, name="ibnetdiscover"):
 
     Raises TopologyError when the text has no node section at all (wrong file).
     """
-    return parse_lines(text.splitlines(), name)
+    if "\r" in text:  # as reading a file in text mode does (universal newlines)
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    with no_gc():
+        return _parse_text(text, name)
 
 
 def parse_lines(lines, name="ibnetdiscover"):
-    """Parse an iterable of ibnetdiscover lines (see :func:`parse`)."""
+    """Parse an iterable of ibnetdiscover lines (see :func:`parse`), line by line."""
     with no_gc():
-        return _parse_lines(lines, name)
+        state = _State(name)
+        state.feed(line.rstrip("\n") for line in lines)
+        return state.finish()
 
 
-def _parse_lines(lines, name):
-    fabric = Fabric(name, "InfiniBand")
-    # ident -> (kind, host, description, port count, header text after the description, guid):
-    # FabricNode objects are made from these rows on first use of Fabric.nodes
-    # (Fabric.set_node_rows; _build_node), which writing a tree never needs for CAs.
-    nodes = {}
-    # (a, a_port, b, b_port, (width, speed)) (see Fabric.set_link_rows). Tuples of str and
-    # int, unlike Link objects, are soon untracked by the cyclic garbage collector. Port
-    # lines ending alike share one (width, speed) tuple (``speeds``), so that the second
-    # sighting of a cable is usually settled by one identity test.
-    rows = []
-    # Each cable is printed from both ends; the first sighting makes the row and files its
-    # index under the far end, seen[remote ident][0][remote port text], so that the second
-    # sighting (printed in the remote node's section) is found without parsing it further.
-    # seen[ident][1] is the first text of that ident: rows share it rather than each
-    # keeping its own copy (less memory to fill on a large fabric).
-    seen = {}
-    current_seen = None  # seen[current][0]
-    speeds = {}  # last word of a port line ("4xNDR") -> (width, speed)
-    # " " + the last word of the first port line (e.g. " 4xNDR\n") and its (width, speed):
-    # most port lines end the same way.
-    common_tail, common = (), (None, None)
-    mismatched = 0
-    current = None
-    skipped = 0
-    sharp = set()
-    headers = {}  # text before a header's first quote -> (kind, port count)
-    for line in lines:
-        first = line[:1]
-        if first == "[":
-            if current is None:
-                skipped += 1
-                continue
-            end = line.find("]")
-            port = line[1:end]
-            if line.endswith(common_tail):  # the usual last word: no need to cut it out
-                width_speed = common
+def _parse_text(text, name):
+    """Fabric of ``text`` (newlines "\n"): its regular sections read in bulk
+    (:mod:`.ibnetdiscover_sections`), the rest line by line; links and warnings deferred."""
+    regular = split_sections(text)
+    if "\n[" in "\n" + regular.rest:
+        # An irregular section with port lines (stray lines among them, a header missing):
+        # which cable such a line names depends on every line before it. Read it all, in
+        # order, line by line, as the links would be.
+        state = _State(name)
+        state.feed(text.split("\n"))
+        return state.finish()
+    state = _State(name)
+    state.feed(regular.rest.split("\n"))
+    nodes, sharp, kinds = state.nodes, state.sharp, state.headers
+    # Each node's cabled neighbours as its own section names them: all that trees need.
+    # CAs cabled once (one per host on most fabrics) are kept apart as two flat lists,
+    # which Fabric._adjacency checks in bulk.
+    sightings, uplink_cas, uplink_far = [], [], []
+    for (prefix, ident, description, rest), far in zip(regular.headers, regular.remotes):
+        kind_ports = kinds.get(prefix)
+        if kind_ports is None:
+            words = prefix.split()
+            kind_ports = kinds[prefix] = (_KINDS[words[0]], int(words[1]))
+        kind = kind_ports[0]
+        if kind == "ca":
+            host = host_from_description(description)
+            if "Aggregation Node" in description:
+                sharp.add(ident)
+            if len(far) == 1:
+                uplink_cas.append(ident)
+                uplink_far.append(far[0])
             else:
-                last = line[line.rfind(" ") + 1:]
-                width_speed = speeds.get(last)
-                if width_speed is None:
-                    found = _SPEED.match(last.strip())
-                    width_speed = speeds[last] = (found.group(1) + "x", found.group(2)) if found else (None, None)
-                if not common_tail:
-                    common_tail, common = " " + last, width_speed
-            known = current_seen.get(port)  # index in rows of the cable's first sighting
-            if known is None:
-                parts = line.split('"', 2)
-                if len(parts) < 3 or parts[2][:1] != "[":
-                    skipped += 1
-                    continue
-                remote, tail = parts[1], parts[2]
-                remote_port = tail[1:tail.find("]")]
-                far = seen.get(remote)
-                if far is None:
-                    far = seen[remote] = ({}, remote)
-                try:
-                    row = (current, int(port), far[1], int(remote_port), width_speed)
-                except ValueError:
-                    skipped += 1
-                    continue
-                far[0][remote_port] = len(rows)
-                rows.append(row)
-            else:
-                row = rows[known]
-                if row[4] is width_speed:  # read the same at both ends (the usual case)
-                    continue
-                if row[4] != width_speed:
-                    # The two ends disagree: keep the slower reading (the link runs at it).
-                    mismatched += 1
-                    width, speed = width_speed
-                    if _slower(width, speed, Link(*row[:4], *row[4])):
-                        rows[known] = row[:4] + (width_speed,)
-        elif first in _ATTRIBUTES and line.startswith(_ATTRIBUTES[first]):
-            continue
-        elif first in _BLANK_OR_COMMENT:
-            if first == "\n" or line.strip() == "":
-                current = None
-            continue
-        elif line.startswith(("Switch", "Ca", "Rt")) and '"' in line:
-            parts = line.split('"')
-            # "Switch\t36 " -> ("switch", 36); the same few texts repeat on every header.
-            kind_ports = headers.get(parts[0])
-            if kind_ports is None:
-                words = parts[0].split()
-                kind = _KINDS.get(words[0])
-                if kind is None or len(words) < 2:
-                    skipped += 1
-                    continue
-                kind_ports = headers[parts[0]] = (kind, int(words[1]))
-            kind = kind_ports[0]
-            ident = parts[1]
-            description = parts[3] if len(parts) > 3 else ""
-            # Read now, not in _build_node: a malformed GUID fails the parse, as it always has.
-            try:
-                guid = int(ident[2:], 16) if len(ident) > 2 else None
-            except ValueError:
-                raise TopologyError('%s: node id "%s" is not S-/H- followed by a hexadecimal GUID; is this '
-                                    'ibnetdiscover output?' % (name, ident)) from None
-            if kind == "ca":
-                host = host_from_description(description)
-                if "Aggregation Node" in description:
-                    sharp.add(ident)
-            else:
-                host = None
-            nodes[ident] = (kind, host, description, kind_ports[1], parts[4] if len(parts) > 4 else "", guid)
-            known = seen.get(ident)
-            if known is None:
-                known = seen[ident] = ({}, ident)
-            current_seen, current = known
-        elif line.startswith(("Non-Chassis Nodes", "Chassis ")):
-            continue
+                sightings.append((ident, far))
         else:
-            skipped += 1
+            host = None
+            sightings.append((ident, far))
+        nodes[ident] = (kind, host, description, kind_ports[1], rest, _guid(name, ident))
+    for ident in sharp:
+        nodes.pop(ident, None)
     if not nodes:
         raise TopologyError("%s: no Switch/Ca sections found; is this ibnetdiscover output?" % name)
-    if sharp:
-        for ident in sharp:
-            del nodes[ident]
-        rows = [r for r in rows if r[0] not in sharp and r[2] not in sharp]
-        fabric.warnings.append("skipped %d SHARP aggregation node(s)" % len(sharp))
-    # A port line may name a node whose own section is missing (a truncated run): keep
-    # the link only when both ends are known. Both ends of every row are keys of ``seen``,
-    # so when all of those have a section (the usual case) no row needs looking at.
-    missing = 0
-    if not seen.keys() <= nodes.keys() | sharp:
-        missing = sum(1 for r in rows if r[0] not in nodes or r[2] not in nodes)
-    if missing:
-        rows = [r for r in rows if r[0] in nodes and r[2] in nodes]
-        fabric.warnings.append("dropped %d link(s) to nodes without a section" % missing)
+    fabric = Fabric(name, "InfiniBand")
     fabric.set_node_rows(nodes, _build_node)
-    fabric.set_link_rows(rows)
-    if mismatched:
-        fabric.warnings.append("%d link(s) read differently from their two ends; kept the slower" % mismatched)
-    if skipped:
-        fabric.warnings.append("skipped %d line(s) that are not ibnetdiscover output" % skipped)
+
+    def load_links():
+        # Ports, speeds and warnings need every port line: the whole text, line by line.
+        exact = _State(name)
+        exact.feed(text.split("\n"))
+        return exact.links_and_warnings()
+
+    fabric.set_deferred_links(sightings, load_links, (uplink_cas, uplink_far))
     return fabric
+
+
+class _State:
+    """What the readers of one ibnetdiscover text collect: node rows, link rows, the
+    first-sighting index of every cable end and the counts behind the warnings."""
+
+    def __init__(self, name):
+        self.name = name
+        # ident -> (kind, host, description, port count, header text after the description,
+        # guid): FabricNode objects are made from these rows on first use of Fabric.nodes
+        # (Fabric.set_node_rows; _build_node), which writing a tree never needs for CAs.
+        self.nodes = {}
+        # (a, a_port, b, b_port, (width, speed)) (see Fabric.set_link_rows). Tuples of str
+        # and int, unlike Link objects, are soon untracked by the cyclic garbage collector.
+        # Port lines ending alike share one (width, speed) tuple (``speeds``), so that the
+        # second sighting of a cable is usually settled by one identity test.
+        self.rows = []
+        # Each cable is printed from both ends; the first sighting makes the row and files
+        # its index under the far end, seen[remote ident][0][remote port text], so that the
+        # second sighting (printed in the remote node's section) is found without parsing it
+        # further. seen[ident][1] is the first text of that ident: rows share it rather than
+        # each keeping its own copy (less memory to fill on a large fabric).
+        self.seen = {}
+        self.speeds = {}  # last word of a port line ("4xNDR") -> (width, speed)
+        # " " + the last word of the first port line (e.g. " 4xNDR") and its (width, speed):
+        # most port lines end the same way.
+        self.common_tail, self.common = (), (None, None)
+        self.headers = {}  # text before a header's first quote -> (kind, port count)
+        self.sharp = set()
+        self.skipped = 0
+        self.mismatched = 0
+
+    def feed(self, lines):
+        """Read ``lines`` (iterable of str, with or without their newline) one by one."""
+        nodes, rows, seen, speeds, headers, sharp = (self.nodes, self.rows, self.seen, self.speeds, self.headers,
+                                                     self.sharp)
+        common_tail, common = self.common_tail, self.common
+        skipped = mismatched = 0
+        current = current_seen = None
+        for line in lines:
+            first = line[:1]
+            if first == "[":
+                if current is None:
+                    skipped += 1
+                    continue
+                end = line.find("]")
+                port = line[1:end]
+                if line.endswith(common_tail):  # the usual last word: no need to cut it out
+                    width_speed = common
+                else:
+                    last = line[line.rfind(" ") + 1:]
+                    width_speed = speeds.get(last)
+                    if width_speed is None:
+                        found = _SPEED.match(last.strip())
+                        width_speed = speeds[last] = (found.group(1) + "x", found.group(2)) if found else (None, None)
+                    if not common_tail:
+                        common_tail, common = " " + last.rstrip("\n"), width_speed
+                known = current_seen.get(port)  # index in rows of the cable's first sighting
+                if known is None:
+                    parts = line.split('"', 2)
+                    if len(parts) < 3 or parts[2][:1] != "[":
+                        skipped += 1
+                        continue
+                    remote, tail = parts[1], parts[2]
+                    remote_port = tail[1:tail.find("]")]
+                    far = seen.get(remote)
+                    if far is None:
+                        far = seen[remote] = ({}, remote)
+                    try:
+                        row = (current, int(port), far[1], int(remote_port), width_speed)
+                    except ValueError:
+                        skipped += 1
+                        continue
+                    far[0][remote_port] = len(rows)
+                    rows.append(row)
+                else:
+                    row = rows[known]
+                    if row[4] is width_speed:  # read the same at both ends (the usual case)
+                        continue
+                    if row[4] != width_speed:
+                        # The two ends disagree: keep the slower reading (the link runs at it).
+                        mismatched += 1
+                        width, speed = width_speed
+                        if _slower(width, speed, Link(*row[:4], *row[4])):
+                            rows[known] = row[:4] + (width_speed,)
+            elif first in _ATTRIBUTES and line.startswith(_ATTRIBUTES[first]):
+                continue
+            elif first in _BLANK_OR_COMMENT:
+                if first == "\n" or line.strip() == "":
+                    current = None
+                continue
+            elif line.startswith(("Switch", "Ca", "Rt")) and '"' in line:
+                parts = line.split('"')
+                # "Switch\t36 " -> ("switch", 36); the same few texts repeat on every header.
+                kind_ports = headers.get(parts[0])
+                if kind_ports is None:
+                    words = parts[0].split()
+                    kind = _KINDS.get(words[0])
+                    if kind is None or len(words) < 2:
+                        skipped += 1
+                        continue
+                    kind_ports = headers[parts[0]] = (kind, int(words[1]))
+                kind = kind_ports[0]
+                ident = parts[1]
+                description = parts[3] if len(parts) > 3 else ""
+                guid = _guid(self.name, ident)
+                if kind == "ca":
+                    host = host_from_description(description)
+                    if "Aggregation Node" in description:
+                        sharp.add(ident)
+                else:
+                    host = None
+                nodes[ident] = (kind, host, description, kind_ports[1],
+                                parts[4].rstrip("\n") if len(parts) > 4 else "", guid)
+                known = seen.get(ident)
+                if known is None:
+                    known = seen[ident] = ({}, ident)
+                current_seen, current = known
+            elif line.startswith(("Non-Chassis Nodes", "Chassis ")):
+                continue
+            else:
+                skipped += 1
+        self.common_tail, self.common = common_tail, common
+        self.skipped += skipped
+        self.mismatched += mismatched
+
+    def links_and_warnings(self):
+        """(link rows, warnings) of everything fed (see Fabric.set_link_rows): SHARP nodes and
+        links to nodes without a section left out, each with its warning."""
+        nodes, rows, seen, sharp = self.nodes, self.rows, self.seen, self.sharp
+        warnings = []
+        if sharp:
+            rows = [r for r in rows if r[0] not in sharp and r[2] not in sharp]
+            warnings.append("skipped %d SHARP aggregation node(s)" % len(sharp))
+        # A port line may name a node whose own section is missing (a truncated run): keep
+        # the link only when both ends are known. Both ends of every row are keys of ``seen``,
+        # so when all of those have a section (the usual case) no row needs looking at.
+        missing = 0
+        if not seen.keys() <= nodes.keys():
+            missing = sum(1 for r in rows if r[0] not in nodes or r[2] not in nodes)
+        if missing:
+            rows = [r for r in rows if r[0] in nodes and r[2] in nodes]
+            warnings.append("dropped %d link(s) to nodes without a section" % missing)
+        if self.mismatched:
+            warnings.append("%d link(s) read differently from their two ends; kept the slower" % self.mismatched)
+        if self.skipped:
+            warnings.append("skipped %d line(s) that are not ibnetdiscover output" % self.skipped)
+        return rows, warnings
+
+    def finish(self):
+        """The Fabric of everything fed, links and warnings included."""
+        if not self.nodes.keys() - self.sharp:
+            raise TopologyError("%s: no Switch/Ca sections found; is this ibnetdiscover output?" % self.name)
+        rows, warnings = self.links_and_warnings()
+        fabric = Fabric(self.name, "InfiniBand")
+        fabric.set_node_rows({i: r for i, r in self.nodes.items() if i not in self.sharp}, _build_node)
+        fabric.set_link_rows(rows)
+        fabric.warnings.extend(warnings)
+        return fabric
+
+
+def _guid(name, ident):
+    """The GUID (int) in node id ``ident`` ("S-<hex>"/"H-<hex>"), None for a shorter id.
+
+    Read at parse time, not in _build_node: a malformed GUID fails the parse."""
+    try:
+        return int(ident[2:], 16) if len(ident) > 2 else None
+    except ValueError:
+        raise TopologyError('%s: node id "%s" is not S-/H- followed by a hexadecimal GUID; is this '
+                            'ibnetdiscover output?' % (name, ident)) from None
 
 
 def read(path):
     """Parse the ibnetdiscover output in file ``path``; TopologyError when unreadable."""
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:
-            return parse_lines(handle, path)
+            text = handle.read()
     except OSError as err:
         raise TopologyError("cannot read %s: %s" % (path, err.strerror))
+    with no_gc():
+        return _parse_text(text, path)
 
 
 def run(timeout=120):

@@ -201,8 +201,13 @@ class Fabric:
         self._row_views = None  # (switch idents, {CA ident: host}) of the rows, once computed
         self._links = []
         self._link_rows = None
+        # While links are deferred (set_deferred_links): each node's neighbour sightings,
+        # CA uplinks, and the function that reads the links and warnings.
+        self._sightings = None
+        self._uplinks = ()
+        self._load_links = None
+        self._warnings = []
         self.parents = None
-        self.warnings = []
 
     # -- deferred objects ----------------------------------------------------------------
     # A parser of a large fabric (ibnetdiscover) gives nodes and links as compact rows;
@@ -261,7 +266,9 @@ class Fabric:
     @property
     def links(self):
         """The fabric's Link objects (list); built on first use when a parser gave rows
-        (:meth:`set_link_rows`)."""
+        (:meth:`set_link_rows`) or deferred them (:meth:`set_deferred_links`)."""
+        if self._load_links is not None:
+            self._materialize_links()
         if self._link_rows is not None:
             with no_gc():
                 self._links = [Link(a, a_port, b, b_port, width, speed)
@@ -272,7 +279,43 @@ class Fabric:
     @links.setter
     def links(self, links):
         self._links = links
+        self._link_rows = self._sightings = self._load_links = None
+
+    @property
+    def warnings(self):
+        """Lines or facts skipped while reading (list of str); reading it reads deferred
+        links first (:meth:`set_deferred_links`), whose reading finds most of them."""
+        if self._load_links is not None:
+            self._materialize_links()
+        return self._warnings
+
+    @warnings.setter
+    def warnings(self, warnings):
+        self._warnings = warnings
+
+    def set_deferred_links(self, sightings, load, uplinks=()):
+        """Defer the links until :attr:`links` or :attr:`warnings` is read.
+
+        ``sightings``: list of ``(ident, far idents)``, the nodes each node's source
+        section says it is cabled to, and ``uplinks``: ``(CA idents, far idents)``, two
+        parallel lists for CAs cabled once (between them every link named at least once,
+        from either end): all that :meth:`trees` and :meth:`tiers` need. ``load()`` returns ``(rows,
+        warnings)``, the link rows as :meth:`set_link_rows` takes them and the reader's
+        warnings (list of str, added to :attr:`warnings`). A parser of a large fabric uses
+        this when reading ports and speeds costs more than finding who is cabled to whom.
+        """
+        self._sightings = sightings
+        self._uplinks = uplinks
+        self._load_links = load
         self._link_rows = None
+        self._links = None
+
+    def _materialize_links(self):
+        load, self._load_links, self._sightings, self._uplinks = self._load_links, None, None, ()
+        with no_gc():
+            rows, warnings = load()
+        self._link_rows = rows
+        self._warnings.extend(warnings)
 
     def set_link_rows(self, rows):
         """Set the links as rows ``(a, a_port, b, b_port, (width, speed))`` (Link's
@@ -281,9 +324,12 @@ class Fabric:
         never builds them."""
         self._link_rows = rows
         self._links = None
+        self._sightings = self._load_links = None
 
     def link_ends(self):
         """Iterator of (a, b) node idents, one per link, in link order."""
+        if self._load_links is not None:
+            self._materialize_links()
         if self._link_rows is not None:
             return map(_ROW_ENDS, self._link_rows)
         return map(_LINK_ENDS, self._links)
@@ -349,37 +395,54 @@ class Fabric:
         sw_set, ca_set = set(sw_adj), set(ca_host)  # set & set walks the smaller side
         # Links come grouped by their first end (a parser's node sections): each group is
         # sorted into switches and CAs with set operations rather than link by link.
-        if self._link_rows is not None:
-            links, first, second = self._link_rows, _ROW_A, _ROW_B
+        if self._sightings is not None:
+            groups = self._sightings
         else:
-            links, first, second = self._links, _LINK_A, _LINK_B
-        for a, group in groupby(links, first):
-            far = set(map(second, group))
+            if self._link_rows is not None:
+                links, first, second = self._link_rows, _ROW_A, _ROW_B
+            else:
+                links, first, second = self._links, _LINK_A, _LINK_B
+            groups = ((a, set(map(second, group))) for a, group in groupby(links, first))
+        named = set()  # CAs some switch's group names
+        for a, far in groups:
             near = sw_adj.get(a)
             if near is not None:
-                switches = far & sw_set
+                switches = sw_set.intersection(far)
                 switches.discard(a)  # a cable back to the same switch
                 if switches:
                     near |= switches
                     for b in switches:
                         sw_adj[b].add(a)
-                if len(switches) < len(far):
-                    hosts = set(map(ca_host.__getitem__, far & ca_set))
-                    if hosts:
-                        known = host_adj.get(a)
-                        if known is None:
-                            host_adj[a] = hosts
-                        else:
-                            known |= hosts
+                cas = ca_set.intersection(far)
+                if cas:
+                    named |= cas
+                    hosts = set(map(ca_host.__getitem__, cas))
+                    known = host_adj.get(a)
+                    if known is None:
+                        host_adj[a] = hosts
+                    else:
+                        known |= hosts
             else:
                 host = ca_host.get(a)
                 if host is not None:
-                    for b in far & sw_set:
+                    for b in far:
+                        if b not in sw_set:
+                            continue
                         known = host_adj.get(b)
                         if known is None:
                             host_adj[b] = {host}
                         else:
                             known.add(host)
+        if self._uplinks:
+            # CAs cabled once, each naming its switch; a switch names them too (the usual
+            # case, and then a reader takes the switch's line), except in a file pieced
+            # together from several runs: only the CAs no switch names are added.
+            cas, far = self._uplinks
+            unnamed = set(cas) - named
+            for ca, sw in zip(cas, far) if unnamed else ():
+                host = ca_host.get(ca)
+                if ca in unnamed and host is not None and sw in sw_set:
+                    host_adj.setdefault(sw, set()).add(host)
         return sw_adj, host_adj
 
     def tiers(self):

@@ -1,0 +1,117 @@
+"""Find the regular node sections of ``ibnetdiscover`` output in bulk (one job: speed on
+large fabrics; :mod:`.ibnetdiscover` does the reading and owns the format's rules).
+
+On a fabric of thousands of hosts almost every section looks exactly as ibnetdiscover(8)
+prints it ("TOPOLOGY FILE FORMAT"):
+
+    vendid=0x2c9                                     switch section
+    devid=0xd2f0
+    sysimgguid=0x...
+    switchguid=0x...(...)
+    Switch  64 "S-<guid>"  # "<description>" enhanced port 0 lid 1 lmc 0
+    [1]  "S-<guid>"[33]  # "<remote description>" lid 2 4xNDR
+    ...
+
+    vendid=0x2c9                                     host CA section, one cabled port
+    devid=0x1021
+    sysimgguid=0x...
+    caguid=0x...
+    Ca  1 "H-<guid>"  # "<description>"
+    [1](<port guid>)  "S-<guid>"[33]  # lid 3 lmc 0 "<remote description>" lid 1 4xNDR
+
+Such a section is read with a few whole-text operations that run in C (``str.split``,
+``find``, ``count``) instead of a Python loop over its lines. What they give is what a
+tree needs: the header fields and the idents its port lines name (port numbers and speeds
+are read later, line by line, when links are asked for). Any other section -- a stray line
+after the header, a blank line with spaces, a header with a quote in its description --
+is handed back as text for the line-by-line reader, so an unusual file is read exactly as
+before, only without the shortcut.
+"""
+
+import re
+
+_KINDS = ("Switch", "Ca", "Rt")
+#: The text between a section's port lines, joined: the header's end, then per line a
+#: break, "[<port>]" and the line's text up to the remote ident / after the description.
+_LOCAL_PORTS = re.compile(r"[^\n]*(?:\n\[[0-9]+\][^\n]*)*")
+#: The texts after each remote ident, joined by line breaks: "[<remote port>]..." each.
+_REMOTE_PORTS = re.compile(r"\[[0-9]+\][^\n]*(?:\n\[[0-9]+\][^\n]*)*")
+
+
+class RegularSections:
+    """The regular sections of one text, and the rest.
+
+    ``headers``: list of (header text before its first quote, e.g. ``"Switch\t64 "``, ident,
+    description, header text after the description) of the regular sections, all str;
+    ``remotes``: for each of those, the remote idents its port lines name (list of str);
+    ``rest``: the other sections' text, blank-line separated, in their order.
+    """
+
+    __slots__ = ("headers", "remotes", "rest")
+
+    def __init__(self, headers, remotes, rest):
+        self.headers, self.remotes, self.rest = headers, remotes, rest
+
+
+def split_sections(text):
+    """Split ibnetdiscover ``text`` (str, newlines "\n") into :class:`RegularSections`.
+
+    A section (text between blank lines) is regular when its header is the first line with
+    a quote and every line after the header is a port line with four quotes, the second
+    followed by "[" (``[<port>] "<remote ident>"[<remote port>] # "<remote description>"``,
+    as ibnetdiscover prints switch and CA port lines alike). Lines before the header
+    (attributes, comments, noise) are not looked at: they name no node and no cable.
+    Sections without any quote name none either and are dropped.
+
+    Each section is split at its quotes once: the header's ident and description are
+    pieces 1 and 3, and the remote idents every fourth piece from 5 on. The checks are
+    counts over the section and over joined pieces, so the cost does not grow with a
+    Python step per line. (Not told apart: a port line without quotes next to one with
+    eight; ibnetdiscover prints neither, and the line-by-line reader of the links would
+    skip the first and read the second's remote, as this does.)
+    """
+    headers, remotes, rest = [], [], []
+    prefixes = {}  # header text before the first quote -> whether it is "Switch|Ca|Rt <ports> "
+    sections = text.split("\n\n")
+    sections[-1] = sections[-1].rstrip("\n")  # the text's final line break(s)
+    for section in sections:
+        parts = section.split('"')
+        count = len(parts)
+        if count < 5:
+            if count > 1:
+                rest.append(section)
+            continue  # no quote: no header, no port line, nothing a reader would keep
+        before = parts[0]
+        prefix = before[before.rfind("\n") + 1:]
+        regular = prefixes.get(prefix)
+        if regular is None:
+            words = prefix.split()
+            regular = prefixes[prefix] = (len(words) == 2 and words[0] in _KINDS and words[1].isdecimal())
+        # The line breaks after the header's start: one per port line.
+        lines = section.count("\n", len(before))
+        if not regular or count != 5 + 4 * lines:
+            rest.append(section)
+            continue
+        if lines == 0:
+            far, header_rest = [], parts[4]
+        elif lines == 1:  # a host's CA: checked piece by piece
+            end = parts[4].find("\n")
+            port_line = parts[4][end + 1:]
+            if (end < 0 or port_line[:1] != "[" or not port_line[1:port_line.find("]")].isdecimal()
+                    or parts[6][:1] != "[" or not parts[6][1:parts[6].find("]")].isdecimal()):
+                rest.append(section)
+                continue
+            far, header_rest = [parts[5]], parts[4][:end]
+        else:
+            # All breaks in the pieces between lines (4, 8, ...), each followed by
+            # "[<port>]"; then the pieces after the remote idents (6, 10, ...) hold none, and
+            # joined by one they all start with "[<remote port>]".
+            between = "".join(parts[4::4])
+            if (between.count("\n") != lines or _LOCAL_PORTS.fullmatch(between) is None
+                    or _REMOTE_PORTS.fullmatch("\n".join(parts[6::4])) is None):
+                rest.append(section)
+                continue
+            far, header_rest = parts[5::4], parts[4][:parts[4].find("\n")]
+        headers.append((prefix, parts[1], parts[3], header_rest))
+        remotes.append(far)
+    return RegularSections(headers, remotes, "\n\n".join(rest))
