@@ -164,6 +164,29 @@ def test_two_node_step_each_rank_continues(cluster, workdir):
     _leftovers(cluster, job)
 
 
+def test_two_node_step_in_signal_mode_saves_its_own_state_on_each_rank(cluster, workdir):
+    # Each rank's program saves its counter on SIGUSR1 and resumes from it; no rank may requeue the job
+    # while the other is still saving, so Slurm requeues it when GraceTime ends.
+    program = ('i=0; f=state.$SLURM_NODEID; [ -f "$f" ] && i=$(cat "$f") && echo "rank $SLURM_NODEID resumed at $i" >&2; '
+               'trap \'echo $i > "$f"; echo "rank $SLURM_NODEID saved $i" >&2; exit 0\' USR1; '
+               'while [ "$i" -lt 250 ]; do i=$((i+1)); echo "$SLURM_NODEID:$i"; sleep 0.05; done')
+    body = "srun -N2 -n2 --sandbox --sandbox-checkpoint=signal /bin/sh -c '%s'" % program.replace("'", "'\\''")
+    job, out, err = submit(cluster, workdir, step_script(os.path.join(workdir, "job.sh"), body, "-p spot -N2 -n2"))
+    cluster.wait_for(lambda: running_node(cluster, job), timeout=60, what="job to start")
+    cluster.wait_for(lambda: len(lines(out)) >= 60, timeout=120, what="60 lines")
+    preempt(cluster, workdir, "n1")
+    wait_done(cluster, job, out, count=500, timeout=300)
+    errors = open(err).read()
+    for rank in (0, 1):
+        seen = [line.split(":", 1)[1] for line in lines(out) if line.startswith("%d:" % rank)]
+        assert seen == [str(i) for i in range(1, 251)], (rank, len(seen), seen[:3], seen[-3:])
+        saved = re.search(r"rank %d saved (\d+)" % rank, errors)
+        assert saved and "rank %d resumed at %s" % (rank, saved.group(1)) in errors, errors
+    assert "Slurm requeues job %s when its GraceTime ends" % job in errors, errors
+    assert "checkpointed job" not in errors
+    _leftovers(cluster, job)
+
+
 # -- without a cluster: identity and selection -------------------------------------------------------------
 def test_step_identity_from_the_task_environment():
     env = {"SLURM_NODEID": "1", "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NUM_TASKS": "2", "SLURM_RESTART_COUNT": "3"}
