@@ -70,6 +70,28 @@ def test_preempted_srun_step_restores_and_counts_exactly_once(cluster, workdir, 
     _leftovers(cluster, job)
 
 
+def test_migrate_moves_an_srun_step_to_the_other_node(cluster, workdir):
+    job, out, err = submit(cluster, workdir, step_script(os.path.join(workdir, "job.sh"), srun_counter(count=300)))
+    node = cluster.wait_for(lambda: running_node(cluster, job), timeout=60, what="job to start")
+    cluster.wait_for(lambda: len(lines(out)) >= 40, timeout=120, what="40 lines")
+    try:
+        result = _slurmbox(cluster, "migrate", "--node", node, "--reason", "kernel update", "--runtime-dir",
+                           cluster.runtime_dir, "--json")
+        assert result.returncode == 0, result.stdout + result.stderr
+        report = json.loads(result.stdout)
+        assert [(s["job"], s["step"], s["outcome"]) for s in report["steps"]] == [(job, "0", "requeued")], report
+        other = cluster.wait_for(lambda: running_node(cluster, job), timeout=120, what="job to run again")
+        assert other != node
+        wait_done(cluster, job, out, count=300)
+    finally:
+        cluster.run(["scontrol", "update", "NodeName=%s" % node, "State=RESUME"], user="root")
+    assert_exact_sequence(out, 300)
+    errors = open(err).read()
+    assert re.search(r"checkpointed job %s as \S+/0\.node0/ckpt-000001" % job, errors), errors
+    assert "restoring job %s step 0.node0 from checkpoint ckpt-000001 (taken on %s" % (job, node) in errors, errors
+    _leftovers(cluster, job)
+
+
 def test_a_different_command_line_after_requeue_starts_fresh(cluster, workdir):
     # Step 0 is the counter on the first run and another program after the requeue: the counter's
     # checkpoint must not be restored into it.
