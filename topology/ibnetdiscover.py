@@ -63,6 +63,7 @@ def _build_node(ident, row):
     """The FabricNode of a node row (see _parse_lines); its LID is read from the header's
     text after the description only now."""
     kind, host, description, ports, rest, guid = row
+    rest = rest.partition("\n")[0]  # the bulk reader's header text may run into the first port line
     lid = None
     if " lid " in rest:
         try:
@@ -95,7 +96,7 @@ def _parse_text(text, name):
     """Fabric of ``text`` (newlines "\n"): its regular sections read in bulk
     (:mod:`.ibnetdiscover_sections`), the rest line by line; links and warnings deferred."""
     regular = split_sections(text)
-    if "\n[" in "\n" + regular.rest:
+    if not regular.port_lines_regular:
         # An irregular section with port lines (stray lines among them, a header missing):
         # which cable such a line names depends on every line before it. Read it all, in
         # order, line by line, as the links would be.
@@ -127,7 +128,11 @@ def _parse_text(text, name):
         else:
             host = None
             sightings.append((ident, far))
-        nodes[ident] = (kind, host, description, kind_ports[1], rest, _guid(name, ident))
+        try:
+            guid = int(ident[2:], 16)
+        except ValueError:
+            guid = _guid(name, ident)  # raises, naming the ident
+        nodes[ident] = (kind, host, description, kind_ports[1], rest, guid)
     for ident in sharp:
         nodes.pop(ident, None)
     if not nodes:

@@ -31,6 +31,9 @@ before, only without the shortcut.
 import re
 
 _KINDS = ("Switch", "Ca", "Rt")
+_SEP = "\x1e"  # joins pieces that each hold one line break
+#: Pieces 4 of one-port-line sections joined by _SEP: in each, one break, then "[<port>]".
+_SINGLE_LOCAL = re.compile(r"[^\n\x1e]*\n\[[0-9]+\][^\n\x1e]*(?:\x1e[^\n\x1e]*\n\[[0-9]+\][^\n\x1e]*)*")
 #: The text between a section's port lines, joined: the header's end, then per line a
 #: break, "[<port>]" and the line's text up to the remote ident / after the description.
 _LOCAL_PORTS = re.compile(r"[^\n]*(?:\n\[[0-9]+\][^\n]*)*")
@@ -42,15 +45,19 @@ class RegularSections:
     """The regular sections of one text, and the rest.
 
     ``headers``: list of (header text before its first quote, e.g. ``"Switch\t64 "``, ident,
-    description, header text after the description) of the regular sections, all str;
+    description, text after the description up to the first port line's remote ident)
+    of the regular sections, all str;
     ``remotes``: for each of those, the remote idents its port lines name (list of str);
-    ``rest``: the other sections' text, blank-line separated, in their order.
+    ``rest``: the other sections' text, blank-line separated, in their order;
+    ``port_lines_regular``: False when some section with port lines is not regular (then
+    which cable a line names depends on the lines before it: read every line in order).
     """
 
-    __slots__ = ("headers", "remotes", "rest")
+    __slots__ = ("headers", "remotes", "rest", "port_lines_regular")
 
-    def __init__(self, headers, remotes, rest):
+    def __init__(self, headers, remotes, rest, port_lines_regular):
         self.headers, self.remotes, self.rest = headers, remotes, rest
+        self.port_lines_regular = port_lines_regular and "\n[" not in "\n" + rest
 
 
 def split_sections(text):
@@ -71,6 +78,7 @@ def split_sections(text):
     skip the first and read the second's remote, as this does.)
     """
     headers, remotes, rest = [], [], []
+    single_fourth, single_sixth = [], []  # pieces 4 and 6 of the sections with one port line
     prefixes = {}  # header text before the first quote -> whether it is "Switch|Ca|Rt <ports> "
     sections = text.split("\n\n")
     sections[-1] = sections[-1].rstrip("\n")  # the text's final line break(s)
@@ -94,14 +102,10 @@ def split_sections(text):
             continue
         if lines == 0:
             far, header_rest = [], parts[4]
-        elif lines == 1:  # a host's CA: checked piece by piece
-            end = parts[4].find("\n")
-            port_line = parts[4][end + 1:]
-            if (end < 0 or port_line[:1] != "[" or not port_line[1:port_line.find("]")].isdecimal()
-                    or parts[6][:1] != "[" or not parts[6][1:parts[6].find("]")].isdecimal()):
-                rest.append(section)
-                continue
-            far, header_rest = [parts[5]], parts[4][:end]
+        elif lines == 1:  # a host's CA: its port line is checked with all the others below
+            single_fourth.append(parts[4])
+            single_sixth.append(parts[6])
+            far, header_rest = [parts[5]], parts[4]
         else:
             # All breaks in the pieces between lines (4, 8, ...), each followed by
             # "[<port>]"; then the pieces after the remote idents (6, 10, ...) hold none, and
@@ -111,7 +115,14 @@ def split_sections(text):
                     or _REMOTE_PORTS.fullmatch("\n".join(parts[6::4])) is None):
                 rest.append(section)
                 continue
-            far, header_rest = parts[5::4], parts[4][:parts[4].find("\n")]
+            far, header_rest = parts[5::4], parts[4]
         headers.append((prefix, parts[1], parts[3], header_rest))
         remotes.append(far)
-    return RegularSections(headers, remotes, "\n\n".join(rest))
+    # Each one-line section's piece 4 holds its one line break (so piece 6 none), then
+    # "[<port>]"; piece 6 starts with "[<remote port>]". Checked for all at once; should
+    # one fail, all of them count as irregular (the reader then reads every line anyway).
+    joined = _SEP.join(single_fourth)
+    if single_fourth and (joined.count(_SEP) != len(single_fourth) - 1 or _SINGLE_LOCAL.fullmatch(joined) is None
+                          or _REMOTE_PORTS.fullmatch("\n".join(single_sixth)) is None):
+        return RegularSections([], [], text, False)
+    return RegularSections(headers, remotes, "\n\n".join(rest), True)

@@ -409,10 +409,7 @@ class Fabric:
             if near is not None:
                 switches = sw_set.intersection(far)
                 switches.discard(a)  # a cable back to the same switch
-                if switches:
-                    near |= switches
-                    for b in switches:
-                        sw_adj[b].add(a)
+                near |= switches
                 cas = ca_set.intersection(far)
                 if cas:
                     named |= cas
@@ -433,12 +430,19 @@ class Fabric:
                             host_adj[b] = {host}
                         else:
                             known.add(host)
+        # Each switch's neighbours as its own group names them; a cable named from one end
+        # only (the other end's section missing a line) counts for both.
+        for a, near in sw_adj.items():
+            for b in near:
+                other = sw_adj[b]
+                if a not in other:
+                    other.add(a)
         if self._uplinks:
             # CAs cabled once, each naming its switch; a switch names them too (the usual
             # case, and then a reader takes the switch's line), except in a file pieced
             # together from several runs: only the CAs no switch names are added.
             cas, far = self._uplinks
-            unnamed = set(cas) - named
+            unnamed = () if named.issuperset(cas) else set(cas) - named
             for ca, sw in zip(cas, far) if unnamed else ():
                 host = ca_host.get(ca)
                 if ca in unnamed and host is not None and sw in sw_set:
