@@ -251,8 +251,8 @@ def resume_check(binary=None, directory="/var/tmp", compression="none", restore_
             procs.append(subprocess.Popen(prefix + ["run", "--bundle", bundle, cid], stdin=null, stdout=log,
                                           stderr=subprocess.PIPE))
             if not wait_lines(20):
-                return {"ok": False, "lines": 0, "message": "the counter did not start: %s"
-                        % procs[0].stderr.read().decode()[-300:] if procs[0].poll() is not None else "no output"}
+                why = procs[0].stderr.read().decode()[-300:] if procs[0].poll() is not None else "no output"
+                return {"ok": False, "lines": 0, "message": "the counter did not start: %s" % why}
             ckpt, _took = checkpoint_sandbox(prefix, cid, store.begin("resume", "batch", 0),
                                              {"node": "bench", "reason": "resume-check"}, spec,
                                              cache_dir=os.path.join(work, "state"))
@@ -397,6 +397,8 @@ def main():
     results.update({} if args.no_throughput else {"throughput": throughput(args.sizes, args.runs, args.dir, args.runsc,
                                                                       args.compression, args.direct)})
     if not args.no_cluster:
+        if args.runsc:
+            print("downtime part: the dev cluster's nodes use the installed runsc, not %s" % args.runsc, flush=True)
         cluster = None
         conf = args.slurm_conf
         if not conf:

@@ -22,7 +22,8 @@ def recorded(kind, version):
 
 
 def fake_runsc(tmp_path, version, name="runsc"):
-    """A script answering ``checkpoint --help`` and ``--version`` as the recorded build did, counting calls,
+    """A script answering ``checkpoint --help`` (on stderr, exit 128) and ``--version`` as the recorded build did,
+    counting calls,
     and recording the argv of a real checkpoint as the image file."""
     directory = tmp_path / ("bin-%s" % version)
     directory.mkdir(exist_ok=True)
@@ -31,7 +32,7 @@ def fake_runsc(tmp_path, version, name="runsc"):
     script = directory / name
     script.write_text(
         "#!/bin/sh\nd=$(dirname \"$0\")\necho x >> \"$d/calls\"\n"
-        "case \"$*\" in *--version*) cat \"$d/version.txt\"; exit 0;; *--help*) cat \"$d/help.txt\" >&2; exit 0;; esac\n"
+        "case \"$*\" in *--version*) cat \"$d/version.txt\"; exit 0;; *--help*) cat \"$d/help.txt\" >&2; exit 128;; esac\n"
         "all=\"$*\"\nwhile [ \"$1\" != --image-path ]; do shift; done\necho \"$all\" > \"$2/checkpoint.img\"\n")
     script.chmod(0o755)
     return str(script), directory / "calls"
@@ -284,3 +285,99 @@ def test_restore_problem_names_both_versions():
     assert "written by runsc 0.0~20221219.0" in problem and "runsc 0.0~20240729.0 cannot restore it" in problem
     assert rc.restore_problem({"runsc": {"binary": "/usr/bin/runsc"}}, new) is None  # recorded before versions were
     assert rc.restore_problem(manifest, {"version": "unknown"}) is None
+
+
+TRIXIE_RUNSC = "/tmp/runsc-trixie/x/usr/bin/runsc"  # Debian 13's runsc, extracted (never installed on PATH here)
+
+
+def _installed_runsc():
+    import shutil
+
+    return shutil.which("runsc", path="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+
+
+@pytest.mark.parametrize("binary", [_installed_runsc(), TRIXIE_RUNSC], ids=["installed", "trixie"])
+def test_real_runsc_help_parses_like_its_recording(binary):
+    if not binary or not os.access(binary, os.X_OK):
+        pytest.skip("no runsc at %s" % binary)
+    rc._memo.clear()
+    features = rc.checkpoint_features(binary)
+    version = {"0.0~20221219.0": OLD, "0.0~20240729.0": NEW}.get(features["version"])
+    if version is None:
+        pytest.skip("runsc %s has no recording in tests/data/runsc" % features["version"])
+    assert features["flags"] == rc.parse_checkpoint_help(recorded("checkpoint-help", version))
+
+
+@needs_root
+@pytest.mark.parametrize("binary", [_installed_runsc(), TRIXIE_RUNSC], ids=["installed", "trixie"])
+def test_real_checkpoint_and_restore_continue_the_count(tmp_path, binary):
+    """A sandbox counting on stdout is checkpointed through checkpoint_sandbox and restored: no gap, no repeat."""
+    import subprocess
+    import time
+
+    from slurmbox.sandbox import runsc
+
+    if not binary or not os.access(binary, os.X_OK):
+        pytest.skip("no runsc at %s" % binary)
+    rc._memo.clear()
+    state = str(tmp_path / "state")
+    caps = runsc.capabilities(binary, state)
+    prefix = runsc.global_args(binary, os.path.join(state, "runsc"), runsc.choose_platform("auto", caps), "none")
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    spec = {"ociVersion": "1.0.0",
+            "process": {"terminal": False, "user": {"uid": 65534, "gid": 65534}, "cwd": "/",
+                        "args": ["/bin/sh", "-c", "i=0; while :; do i=$((i+1)); echo $i; sleep 0.02; done"],
+                        "env": ["PATH=/usr/bin:/bin"]},
+            "root": {"path": "/", "readonly": True}, "hostname": "t",
+            "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"}],
+            "linux": {"namespaces": [{"type": t} for t in ("pid", "mount", "ipc", "uts", "network")]}}
+    (bundle / "config.json").write_text(json.dumps(spec))
+    out = tmp_path / "count.out"
+    cid = "sbxtest-%d" % os.getpid()
+    store = _store(tmp_path)
+    procs = []
+
+    def count():
+        return len(out.read_text().split())
+
+    def wait_for(predicate, timeout=60):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return True
+            time.sleep(0.02)
+        return False
+
+    try:
+        with open(out, "a") as log:
+            procs.append(subprocess.Popen(prefix + ["run", "--bundle", str(bundle), cid], stdin=subprocess.DEVNULL,
+                                          stdout=log, stderr=subprocess.PIPE))
+            assert wait_for(lambda: count() >= 10), "the sandbox did not start"
+            probe = store.begin("4", "batch", 0)
+            direct_ok = probe.direct_io_ok()
+            probe.abort()
+            ckpt, _took = rc.checkpoint_sandbox(prefix, cid, store.begin("4", "batch", 0), {"reason": "test"}, spec,
+                                                cache_dir=state)
+            assert procs[0].wait(timeout=60) is not None  # the checkpoint stopped the sandbox
+            subprocess.run(prefix + ["delete", "--force", cid], capture_output=True)
+            seen = count()
+            features = rc.checkpoint_features(binary, state)
+            described = ckpt.manifest["runsc"]
+            assert described["version"] == features["version"]
+            assert described["image_compression"] == ("none" if "compression" in features["flags"]
+                                                      else "flate-best-speed")
+            assert ("--direct" in described["checkpoint_flags"]) == ("direct" in features["flags"] and direct_ok)
+            assert store.verify(ckpt).valid
+            procs.append(subprocess.Popen(rc.restore_argv(prefix, ckpt.path, str(bundle), cid),
+                                          stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.PIPE))
+            assert wait_for(lambda: count() >= seen + 10), "no output after restore"
+        numbers = out.read_text().split()
+        assert numbers == [str(i) for i in range(1, len(numbers) + 1)]
+    finally:
+        subprocess.run(prefix + ["kill", cid, "KILL"], capture_output=True)
+        subprocess.run(prefix + ["delete", "--force", cid], capture_output=True)
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
