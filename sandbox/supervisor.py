@@ -241,6 +241,7 @@ class Supervisor:
             extra_mounts += batch_mounts
         spec = bundle.build_spec(process, request, self.args.node, bind_dirs, plan.devices, extra_mounts)
         bundle.apply_profile_limits(spec, self.profile)
+        bundle.apply_step_cgroup(spec, self.args.job, self.args.step, self.args.node)
         if request.dry_run:
             for problem in plan.problems:
                 os.write(fds[2], ("slurmbox: warning: this step would fail: %s\n" % problem).encode())
@@ -274,7 +275,8 @@ class Supervisor:
             task.spec, task.proc = spec, proc
             task.checkpoint_flags = list(self.checkpoint_flags)
             self.task = task
-            task.start_preemption_watch(self.args.partition)
+            if self.args.step == "batch":  # an srun step's tasks get SIGTERM when the grace time starts
+                task.start_preemption_watch(self.args.partition)
             task.start_periodic()
         self._start_wall_limit(prefix, fds[2])
         self._relay(conn, proc, prefix, kill_args, relay, task)
@@ -403,6 +405,7 @@ class Supervisor:
     def _restore_as_init(self, image_dir, spec, prefix, fds):
         from slurmbox.migrate.runsc_checkpoint import restore_argv
 
+        bundle.apply_step_cgroup(spec, self.args.job, self.args.step, self.args.node)  # not the saved run's cgroup
         self._write_json(os.path.join(self.bundle_dir, "config.json"), spec)
         proc = subprocess.Popen(restore_argv(prefix, image_dir, self.bundle_dir, self.container_id),
                                 stdin=fds[0], stdout=fds[1], stderr=fds[2], close_fds=True, start_new_session=True)
