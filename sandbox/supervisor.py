@@ -255,13 +255,11 @@ class Supervisor:
         if settings.mode == "transparent" and (self.args.step == "batch" or self.step_manifest.get("restart_count")):
             restore = self._choose_restore(spec, fds[2], settings)  # an srun step of a first run has none
         relay = StdioRelay(fds, spec["process"]["terminal"])
-        task = None
+        task = kept_fds = None
         try:
             if self.args.local_tasks == 1:
                 if settings.mode != "none":  # keep the sandbox's side of stdio for a later restore here
-                    from slurmbox.migrate.sandbox_task import CheckpointableTask
-                    task = CheckpointableTask(self, settings, prefix, spec, [os.dup(fd) for fd in relay.child_fds],
-                                               fds[2])
+                    kept_fds = [os.dup(fd) for fd in relay.child_fds]
                 if restore is not None:
                     proc, kill_args = self._restore_as_init(restore[0].path, restore[1], prefix, relay.child_fds)
                     spec = restore[1]
@@ -271,7 +269,9 @@ class Supervisor:
                 proc, kill_args = self._exec_in_sandbox(spec, prefix, relay.child_fds)
         finally:
             relay.started()
-        if task is not None:
+        if kept_fds is not None:  # imported while runsc starts, off the step's start path
+            from slurmbox.migrate.sandbox_task import CheckpointableTask
+            task = CheckpointableTask(self, settings, prefix, spec, kept_fds, fds[2])
             task.spec, task.proc = spec, proc
             task.checkpoint_flags = list(self.checkpoint_flags)
             self.task = task
