@@ -270,3 +270,35 @@ def test_selection_skips_other_command_lines_and_peers_barrier(tmp_path):
     assert step_checkpoint.wait_for_peers(store, "7", "0", 2, 1, "a" * 64, timeout=0) == []
     # A checkpoint of an earlier run (another restart count) does not count for this one.
     assert step_checkpoint.peers_saved(store, "7", "0", 2, 2, "a" * 64) == set()
+
+
+def test_checkpoint_ls_verify_gc_cover_step_checkpoints(tmp_path):
+    from click.testing import CliRunner
+
+    from slurmbox.cli.main import cli
+
+    root = str(tmp_path / "store")
+    store = CheckpointStore(root)
+    uid = os.getuid()
+    for rank in (0, 1):
+        _publish(store, "9", step_checkpoint.step_key("0", rank),
+                 step_checkpoint.manifest_fields("0", rank, 2, "c" * 64, 1), uid)
+    stale = os.path.join(store.step_dir("9", "0.node1"), ".tmp-000002-999999999-abcd1234")
+    os.mkdir(stale)  # a writer that died mid-checkpoint (no such pid)
+    runner = CliRunner()
+    listed = runner.invoke(cli, ["checkpoint", "ls", "9", "--store", root, "--json"])
+    assert listed.exit_code == 0, listed.output
+    assert sorted((r["step"], r["name"]) for r in json.loads(listed.output)) == [
+        ("0.node0", "ckpt-000001"), ("0.node1", "ckpt-000001")]
+    table = runner.invoke(cli, ["checkpoint", "ls", "9", "--store", root])
+    assert "0.node1" in table.output and table.exit_code == 0
+    with open(os.path.join(store.step_dir("9", "0.node1"), "ckpt-000001", "checkpoint.img"), "r+b") as handle:
+        first = handle.read(1)
+        handle.seek(0)
+        handle.write(bytes([first[0] ^ 0xFF]))  # corrupt rank 1: one flipped byte
+    verified = runner.invoke(cli, ["checkpoint", "verify", "9", "--store", root])
+    assert verified.exit_code == 1
+    assert "9 0.node0 ckpt-000001: ok" in verified.output and "9 0.node1 ckpt-000001: BAD" in verified.output
+    collected = runner.invoke(cli, ["checkpoint", "gc", "--store", root, "--json"])
+    assert collected.exit_code == 0, collected.output
+    assert json.loads(collected.output)["removed"] == [stale] and not os.path.exists(stale)
