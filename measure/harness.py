@@ -129,8 +129,11 @@ class _Sampler:
         self.flags = []
         self.rows = []
         self.history = checks.OutputHistory()
-        self.account = isolation.CpuAccount(candidate.cgroups_path) if candidate.cgroups_path \
-            else isolation.NullAccount()
+        if hasattr(candidate, "cpu_account"):  # Slurm mode: the step's sandbox record names the file
+            self.account = candidate.cpu_account()
+        else:
+            self.account = isolation.CpuAccount(candidate.cgroups_path) if candidate.cgroups_path \
+                else isolation.NullAccount()
         self.ncpus = len(options.sandbox_cpus) if (options.isolation and options.sandbox_cpus) \
             else len(isolation.online_cpus())
         self.thresholds = checks.CpuThresholds()

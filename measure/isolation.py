@@ -126,10 +126,16 @@ class CpuAccount:
 
     ``read()`` returns cumulative CPU ns of every task in the cgroup, or None
     when the cgroup does not exist (not yet created, or already removed).
+    ``path``: the accounting file (``cpuacct.usage`` or ``cpu.stat``) when it
+    is known already, instead of deriving it from ``cgroups_path``.
     """
 
-    def __init__(self, cgroups_path):
+    def __init__(self, cgroups_path, path=None):
         self.cgroups_path = cgroups_path
+        self._fd = None
+        if path is not None:  # the file itself, e.g. from a Slurm step's sandbox record (slurm_step.py)
+            self.path, self._v2 = path, os.path.basename(path) == "cpu.stat"
+            return
         relative = cgroups_path.lstrip("/")
         if cgroup_version() == 1:
             self.path = os.path.join(_v1_dir("cpuacct"), relative, "cpuacct.usage")

@@ -151,6 +151,36 @@ def apply_profile_limits(spec, profile):
     return spec
 
 
+def apply_step_cgroup(spec, job, step, node, runtime_dir, create=True):
+    """Put the sandbox of step ``job``.``step`` on ``node`` in its own cgroup (``spec`` changed in place).
+
+    Sets ``linux.cgroupsPath`` (OCI runtime spec, config-linux.md "Control
+    groups") to sandbox/step_cgroup.cgroups_path: runsc then applies the
+    profile's ``linux.resources`` there and removes it when the sandbox ends;
+    the kernel accounts the whole sandbox's CPU time in the step cgroup above
+    it (the record's ``cpu_accounting``). With ``create`` (not for a dry run)
+    the step cgroup is created, readable by everyone (step_cgroup.prepare);
+    the step's cleanup removes it. ``runtime_dir``: slurmbox's runtime
+    directory (part of the name). Where the node's cgroup tree cannot be
+    written (e.g. a read-only /sys/fs/cgroup), the sandbox runs without a
+    cgroup of its own, as runsc does without a cgroupsPath, and the message
+    is returned. Returns None when the cgroup is set up.
+    """
+    from slurmbox.sandbox import step_cgroup
+
+    linux = spec.setdefault("linux", {})
+    try:
+        path = step_cgroup.cgroups_path(step_cgroup.cgroup_name(job, step, node, runtime_dir))
+        account = step_cgroup.accounting(path) if create else None
+        if account is not None:
+            step_cgroup.prepare(account)
+    except OSError as err:
+        linux.pop("cgroupsPath", None)
+        return "the sandbox has no cgroup of its own (no kernel CPU accounting for it): %s" % err
+    linux["cgroupsPath"] = path
+    return None
+
+
 def path_reachable(path, uid, gids, write=False):
     """True when ``uid`` (with groups ``gids``) may reach ``path`` by the mode bits.
 

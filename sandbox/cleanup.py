@@ -4,8 +4,8 @@ Run by the SPANK shim at the end of every sandboxed step (``slurm_spank_exit``,
 root, after the tasks ended, also after scancel, time limit or a crash) and by
 the supervisor itself on a normal end. Idempotent: kills the supervisor if it
 still runs, kills and deletes the runsc container (``runsc kill``, ``runsc
-delete --force``), and removes the step's runtime directory (socket, bundle,
-pid files).
+delete --force``), removes the step's cgroups (sandbox/step_cgroup.py), and
+removes the step's runtime directory (socket, bundle, pid files).
 """
 
 import argparse
@@ -73,7 +73,24 @@ def remove_step(step_dir, runtime_dir):
         quiet = {"capture_output": True, "check": False}
         subprocess.run([binary, "--root", state_root, "kill", "--all", container, "KILL"], **quiet)
         subprocess.run([binary, "--root", state_root, "delete", "--force", container], **quiet)
+    _remove_cgroup(step_dir, runtime_dir)
     shutil.rmtree(step_dir, ignore_errors=True)
+
+
+def _remove_cgroup(step_dir, runtime_dir):
+    """Remove the step's cgroups (sandbox/step_cgroup.py) named in root's record of the sandbox (registry)."""
+    import json
+
+    from slurmbox.sandbox import step_cgroup
+
+    try:
+        with open(os.path.join(step_dir, "sandbox.json")) as handle:  # registry.RECORD_NAME: root-owned, 0600
+            record = json.load(handle)
+        dirs = (record.get("cpu_accounting") or {}).get("dirs") or []
+        name = step_cgroup.cgroup_name(record["job"], record["step"], record["node"], runtime_dir)
+    except (OSError, ValueError, KeyError, AttributeError, TypeError):
+        return
+    step_cgroup.remove(dirs, name)
 
 
 def _has_state(state_root, container):

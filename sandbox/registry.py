@@ -13,7 +13,8 @@ writes two copies of a record there (:func:`write_record`):
 A record: ``{"id": "<job>.<step>", "job", "step", "node", "uid", "user",
 "partition", "profile", "container", "created" (Unix seconds), "local_tasks",
 "network", "platform", "image", "devices": [host paths], "mounts": [...],
-"spec": OCI config without process.env}``.
+"spec": OCI config without process.env, "cpu_accounting": the sandbox cgroup's CPU-time file
+(sandbox/step_cgroup.accounting: ``{"cgroups_path", "version", "file", "dirs"}``) or null}``.
 """
 
 import json
@@ -58,8 +59,18 @@ def build_record(args, request, plan, spec, runsc_prefix):
         "local_tasks": args.local_tasks, "network": request.network, "platform": platform,
         "image": request.image or "/", "devices": [d.host_path for d in plan.devices],
         "device_env": dict(plan.env), "mounts": [m for m in spec.get("mounts", [])],
-        "spec": _spec_without_env(spec),
+        "spec": _spec_without_env(spec), "cpu_accounting": _cpu_accounting(spec),
     }
+
+
+def _cpu_accounting(spec):
+    """sandbox/step_cgroup.accounting of the spec's cgroupsPath, resolved here (the supervisor: runsc's parent)."""
+    from slurmbox.sandbox import step_cgroup
+
+    try:
+        return step_cgroup.accounting(spec.get("linux", {}).get("cgroupsPath"))
+    except OSError:
+        return None
 
 
 def write_record(step_dir, record, uid):

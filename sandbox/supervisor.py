@@ -241,7 +241,10 @@ class Supervisor:
             extra_mounts += batch_mounts
         spec = bundle.build_spec(process, request, self.args.node, bind_dirs, plan.devices, extra_mounts)
         bundle.apply_profile_limits(spec, self.profile)
-        bundle.apply_step_cgroup(spec, self.args.job, self.args.step, self.args.node)
+        problem = bundle.apply_step_cgroup(spec, self.args.job, self.args.step, self.args.node, self.args.runtime_dir,
+                                           create=not request.dry_run)
+        if problem:
+            self.say(None, problem)
         if request.dry_run:
             for problem in plan.problems:
                 os.write(fds[2], ("slurmbox: warning: this step would fail: %s\n" % problem).encode())
@@ -405,7 +408,7 @@ class Supervisor:
     def _restore_as_init(self, image_dir, spec, prefix, fds):
         from slurmbox.migrate.runsc_checkpoint import restore_argv
 
-        bundle.apply_step_cgroup(spec, self.args.job, self.args.step, self.args.node)  # not the saved run's cgroup
+        bundle.apply_step_cgroup(spec, self.args.job, self.args.step, self.args.node, self.args.runtime_dir)  # ours
         self._write_json(os.path.join(self.bundle_dir, "config.json"), spec)
         proc = subprocess.Popen(restore_argv(prefix, image_dir, self.bundle_dir, self.container_id),
                                 stdin=fds[0], stdout=fds[1], stderr=fds[2], close_fds=True, start_new_session=True)
