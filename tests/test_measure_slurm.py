@@ -205,3 +205,21 @@ def test_step_cgroup_names_are_safe_and_removal_stays_inside_the_cgroup_tree(tmp
     outside.mkdir()
     assert step_cgroup.remove([str(outside)], "slurmbox-7.0-n1") == []
     assert outside.is_dir()  # not under /sys/fs/cgroup: never touched
+
+
+def test_steps_go_next_to_a_harness_on_a_node_unless_srun_args_choose_nodes(tmp_path, monkeypatch):
+    from slurmbox.measure.slurm_step import SlurmStepCandidate
+    if not shutil.which("srun"):
+        import pytest
+        pytest.skip("srun is not installed")
+    monkeypatch.chdir(tmp_path)
+    candidate = os.path.join(DATA, "honest.py")
+    monkeypatch.setenv("SLURMD_NODENAME", "n7")
+    plain = SlurmStepCandidate(candidate, "a")
+    chosen = SlurmStepCandidate(candidate, "b", srun_args=["-wn2"])
+    argv = plain.command()
+    assert "--nodelist=n7" in argv and "--job-name=" + plain.step_name in argv
+    assert not [a for a in chosen.command() if a.startswith("--nodelist")]
+    assert plain.step_name != chosen.step_name
+    monkeypatch.delenv("SLURMD_NODENAME")
+    assert not [a for a in SlurmStepCandidate(candidate, "c").command() if a.startswith("--nodelist")]
