@@ -247,8 +247,10 @@ def resume_check(binary=None, directory="/var/tmp", compression="none", restore_
         return False
 
     try:
-        with open(out, "a") as log, open(os.devnull) as null:
-            procs.append(subprocess.Popen(prefix + ["run", "--bundle", bundle, cid], stdin=null, stdout=log,
+        # stdin: a pipe of ours. runsc re-owns the stdio it is given to the sandbox's user,
+        # so it must never get /dev/null.
+        with open(out, "a") as log:
+            procs.append(subprocess.Popen(prefix + ["run", "--bundle", bundle, cid], stdin=subprocess.PIPE, stdout=log,
                                           stderr=subprocess.PIPE))
             if not wait_lines(20):
                 why = procs[0].stderr.read().decode()[-300:] if procs[0].poll() is not None else "no output"
@@ -260,7 +262,7 @@ def resume_check(binary=None, directory="/var/tmp", compression="none", restore_
             subprocess.run(prefix + ["delete", "--force", cid], capture_output=True)
             seen = len(lines())
             version_check = restore_problem(ckpt.manifest, checkpoint_features(restore_prefix[0]))
-            procs.append(subprocess.Popen(restore_argv(restore_prefix, ckpt.path, bundle, cid), stdin=null,
+            procs.append(subprocess.Popen(restore_argv(restore_prefix, ckpt.path, bundle, cid), stdin=subprocess.PIPE,
                                           stdout=log, stderr=subprocess.PIPE))
             resumed = wait_lines(seen + 20, timeout=30)
         numbers = lines()

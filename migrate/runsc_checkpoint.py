@@ -107,10 +107,11 @@ def checkpoint_features(runsc, cache_dir=None):
         except (OSError, ValueError):
             pass
     try:
+        # input="": runsc is given pipes, never our stdin or /dev/null (it re-owns the stdio of sandboxes)
         listing = subprocess.run([runsc, "checkpoint", "--help"], capture_output=True, text=True, check=False,
-                                 stdin=subprocess.DEVNULL, timeout=60)
+                                 input="", timeout=60)
         version = subprocess.run([runsc, "--version"], capture_output=True, text=True, check=False,
-                                 stdin=subprocess.DEVNULL, timeout=60).stdout
+                                 input="", timeout=60).stdout
     except (OSError, subprocess.TimeoutExpired) as err:
         raise CheckpointError("cannot run %s to read its checkpoint flags: %s" % (runsc, err))
     first = version.splitlines()[0] if version.strip() else "unknown"

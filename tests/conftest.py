@@ -146,6 +146,25 @@ def user_ids():
     return entry.pw_uid, entry.pw_gid
 
 
+@pytest.fixture(autouse=True)
+def dev_null_is_left_alone():
+    """Fail the test after which /dev/null changed owner or mode (and put it back).
+
+    runsc re-owns the stdio it gives a sandbox to the sandbox's user: a test or a code path
+    that hands it /dev/null (subprocess.DEVNULL, an inherited stdin) breaks /dev/null for
+    every other user of the machine. Give runsc pipes."""
+    before = os.stat("/dev/null")
+    yield
+    after = os.stat("/dev/null")
+    if (after.st_uid, after.st_gid, after.st_mode) != (before.st_uid, before.st_gid, before.st_mode):
+        if os.geteuid() == 0:
+            os.chown("/dev/null", before.st_uid, before.st_gid)
+            os.chmod("/dev/null", before.st_mode & 0o7777)
+        pytest.fail("/dev/null went from uid %d mode %o to uid %d mode %o during this test: something gave runsc "
+                    "/dev/null as stdio (give it pipes)" % (before.st_uid, before.st_mode & 0o777, after.st_uid,
+                                                           after.st_mode & 0o777))
+
+
 MEASURE_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "measure")
 
 

@@ -351,7 +351,7 @@ def test_real_checkpoint_and_restore_continue_the_count(tmp_path, binary):
 
     try:
         with open(out, "a") as log:
-            procs.append(subprocess.Popen(prefix + ["run", "--bundle", str(bundle), cid], stdin=subprocess.DEVNULL,
+            procs.append(subprocess.Popen(prefix + ["run", "--bundle", str(bundle), cid], stdin=subprocess.PIPE,
                                           stdout=log, stderr=subprocess.PIPE))
             assert wait_for(lambda: count() >= 10), "the sandbox did not start"
             probe = store.begin("4", "batch", 0)
@@ -370,7 +370,7 @@ def test_real_checkpoint_and_restore_continue_the_count(tmp_path, binary):
             assert ("--direct" in described["checkpoint_flags"]) == ("direct" in features["flags"] and direct_ok)
             assert store.verify(ckpt).valid
             procs.append(subprocess.Popen(rc.restore_argv(prefix, ckpt.path, str(bundle), cid),
-                                          stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.PIPE))
+                                          stdin=subprocess.PIPE, stdout=log, stderr=subprocess.PIPE))
             assert wait_for(lambda: count() >= seen + 10), "no output after restore"
         numbers = out.read_text().split()
         assert numbers == [str(i) for i in range(1, len(numbers) + 1)]
