@@ -93,7 +93,7 @@ def test_a_clean_fabric_is_read_in_bulk_except_its_first_section():
     regular = split_sections(text)
     # The comment lines above the first switch are lines before its header: still regular.
     assert regular.rest == ""
-    assert len(regular.headers) == 2 + 4 + 6 + 24
+    assert len(regular.several) == 2 + 4 + 6 and len(regular.single[1]) == 24  # switches; one-port CAs
     result = assert_same_as_line_by_line(text)
     assert len(result["hosts"]) == 24 and result["warnings"] == []
     assert "SwitchName=" in result["tree"]
@@ -214,3 +214,16 @@ def test_a_stray_line_among_port_lines_sends_the_whole_text_line_by_line():
     assert not _bulk_read(text)
     result = assert_same_as_line_by_line(text)
     assert "skipped 1 line(s) that are not ibnetdiscover output" in result["warnings"]
+
+
+def test_hosts_of_many_descriptions_are_those_of_each():
+    rng = random.Random(5)
+    alphabet = ["a", "Z", "0", "9", "-", ".", "_", " ", "\t", ",", "[", "M", "T", "4"]
+    samples = [["gpu00001 mlx5_0", "compute-00-01 HCA-1", "n1"], [" leading space", "gpu2 x"],
+               ["MT23108 InfiniHost Mellanox Technologies"], ["r1 ConnectX-7"], ["gpu1\tmlx5_0"], ["", "a"],
+               ["a,b[1-2] x"], ["-dash first"]]
+    samples += [["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 12))) for _ in range(rng.randint(1, 6))]
+                for _ in range(300)]
+    for descriptions in samples:
+        assert ibnetdiscover.hosts_from_descriptions(descriptions) == \
+            [ibnetdiscover.host_from_description(d) for d in descriptions], descriptions

@@ -24,6 +24,7 @@ The host of a CA is the first word of its NodeDescription ("r-ufm101 HCA-1" ->
 
 import re
 import subprocess
+from itertools import repeat
 
 from .hostlists import is_host_name
 from .ibnetdiscover_sections import split_sections
@@ -36,6 +37,26 @@ _BLANK_OR_COMMENT = frozenset(("", "#", " ", "\t", "\n", "\r"))
 _ATTRIBUTES = {"v": "vendid=", "d": "devid=", "s": ("sysimgguid=", "switchguid="), "c": "caguid=",
                "r": "routerguid="}
 _KINDS = {"Switch": "switch", "Ca": "ca", "Rt": "router"}
+
+
+#: Host names, one per line (see hostlists.is_host_name).
+_HOST_LINES = re.compile(r"(?:[A-Za-z0-9][A-Za-z0-9_.-]*\n)*[A-Za-z0-9][A-Za-z0-9_.-]*")
+
+
+def hosts_from_descriptions(descriptions):
+    """[host_from_description(d) for d in descriptions] (list of str), for many at once.
+
+    When no description names a vendor default and every first word (up to the first
+    space) is a plain host name, that word is the host: checked with one regular
+    expression over all of them. Otherwise one by one.
+    """
+    joined = "\n".join(descriptions)
+    if not ("MT" in joined or "Mellanox Technologies" in joined or "InfiniHost" in joined or "ConnectX" in joined
+            or "Voltaire" in joined):
+        firsts = [d.partition(" ")[0] for d in descriptions]
+        if _HOST_LINES.fullmatch("\n".join(firsts)) is not None:
+            return firsts
+    return list(map(host_from_description, descriptions))
 
 
 def _slower(width, speed, link):
@@ -107,32 +128,39 @@ def _parse_text(text, name):
     state.feed(regular.rest.split("\n"))
     nodes, sharp, kinds = state.nodes, state.sharp, state.headers
     # Each node's cabled neighbours as its own section names them: all that trees need.
-    # CAs cabled once (one per host on most fabrics) are kept apart as two flat lists,
-    # which Fabric._adjacency checks in bulk.
-    sightings, uplink_cas, uplink_far = [], [], []
-    for (prefix, ident, description, rest), far in zip(regular.headers, regular.remotes):
-        kind_ports = kinds.get(prefix)
-        if kind_ports is None:
-            words = prefix.split()
-            kind_ports = kinds[prefix] = (_KINDS[words[0]], int(words[1]))
-        kind = kind_ports[0]
+    sightings = []
+    for prefix, ident, description, rest, far in regular.several:
+        kind, ports = _header_kind(kinds, prefix)
+        host = None
         if kind == "ca":
             host = host_from_description(description)
             if "Aggregation Node" in description:
                 sharp.add(ident)
-            if len(far) == 1:
-                uplink_cas.append(ident)
-                uplink_far.append(far[0])
-            else:
-                sightings.append((ident, far))
-        else:
-            host = None
-            sightings.append((ident, far))
-        try:
-            guid = int(ident[2:], 16)
-        except ValueError:
-            guid = _guid(name, ident)  # raises, naming the ident
-        nodes[ident] = (kind, host, description, kind_ports[1], rest, guid)
+        nodes[ident] = (kind, host, description, ports, rest, _guid_of(name, ident))
+        sightings.append((ident, far))
+    # Sections with one port line (on most fabrics: every host's CA), column by column.
+    # The CAs' cables are kept as two flat lists (CA, the switch it names), which
+    # Fabric._adjacency checks in bulk; any other kind's is a sighting like the above.
+    prefixes, idents, descriptions, rests, remotes = regular.single
+    by_prefix = {prefix: _header_kind(kinds, prefix) for prefix in set(prefixes)}
+    if [kind for kind, _ in by_prefix.values()] == ["ca"]:  # the usual case: all host CAs
+        kind_list, port_list = repeat("ca"), repeat(next(iter(by_prefix.values()))[1])
+        hosts = hosts_from_descriptions(descriptions)
+        uplinks = (idents, remotes)
+    else:
+        kind_list = [by_prefix[prefix][0] for prefix in prefixes]
+        port_list = [by_prefix[prefix][1] for prefix in prefixes]
+        hosts = [host_from_description(d) if k == "ca" else None for k, d in zip(kind_list, descriptions)]
+        uplinks = ([i for i, k in zip(idents, kind_list) if k == "ca"],
+                   [r for r, k in zip(remotes, kind_list) if k == "ca"])
+        sightings += [(i, [r]) for i, r, k in zip(idents, remotes, kind_list) if k != "ca"]
+    try:
+        guids = list(map(int, [ident[2:] for ident in idents], repeat(16)))
+    except ValueError:
+        guids = [_guid_of(name, ident) for ident in idents]
+    nodes.update(zip(idents, zip(kind_list, hosts, descriptions, port_list, rests, guids)))
+    if "Aggregation Node" in "\n".join(descriptions):
+        sharp.update(i for i, d in zip(idents, descriptions) if nodes[i][0] == "ca" and "Aggregation Node" in d)
     for ident in sharp:
         nodes.pop(ident, None)
     if not nodes:
@@ -146,8 +174,26 @@ def _parse_text(text, name):
         exact.feed(text.split("\n"))
         return exact.links_and_warnings()
 
-    fabric.set_deferred_links(sightings, load_links, (uplink_cas, uplink_far))
+    fabric.set_deferred_links(sightings, load_links, uplinks)
     return fabric
+
+
+def _guid_of(name, ident):
+    """The GUID in node id ``ident`` (see _guid), the usual hexadecimal case first."""
+    try:
+        return int(ident[2:], 16)
+    except ValueError:
+        return _guid(name, ident)  # None for an id too short to hold one; raises for a malformed one
+
+
+def _header_kind(kinds, prefix):
+    """(kind, port count) of a regular header's text before its first quote ("Switch\t36 "),
+    cached in ``kinds``."""
+    kind_ports = kinds.get(prefix)
+    if kind_ports is None:
+        words = prefix.split()
+        kind_ports = kinds[prefix] = (_KINDS[words[0]], int(words[1]))
+    return kind_ports
 
 
 class _State:

@@ -29,6 +29,7 @@ before, only without the shortcut.
 """
 
 import re
+from sys import intern
 
 _KINDS = ("Switch", "Ca", "Rt")
 _SEP = "\x1e"  # joins pieces that each hold one line break
@@ -44,23 +45,26 @@ _REMOTE_PORTS = re.compile(r"\[[0-9]+\][^\n]*(?:\n\[[0-9]+\][^\n]*)*")
 class RegularSections:
     """The regular sections of one text, and the rest.
 
-    ``headers``: list of (header text before its first quote, e.g. ``"Switch\t64 "``, ident,
-    description, text after the description up to the first port line's remote ident)
-    of the regular sections, all str;
-    ``remotes``: for each of those, the remote idents its port lines name (list of str);
-    ``rest``: the other sections' text, blank-line separated, in their order;
-    ``port_lines_regular``: False when some section with port lines is not regular (then
-    which cable a line names depends on the lines before it: read every line in order).
+    ``several``: list of (header text before its first quote, e.g. ``"Switch\t64 "``, ident,
+    description, text after the description up to the first port line's remote ident,
+    [remote idents of its port lines]) of the regular sections with no port line or
+    several; ``single``: the same five fields as parallel lists (the last one of remote
+    idents, str) for the sections with one port line (a host's CA, on most fabrics nearly
+    every section). Idents are interned: each name is one string object, so the sets that
+    trees are built from compare them by identity. ``rest``: the other sections' text,
+    blank-line separated, in their order; ``port_lines_regular``: False when some section
+    with port lines is not regular (then which cable a line names depends on the lines
+    before it: read every line in order).
     """
 
-    __slots__ = ("headers", "remotes", "rest", "port_lines_regular")
+    __slots__ = ("several", "single", "rest", "port_lines_regular")
 
-    def __init__(self, headers, remotes, rest, port_lines_regular):
-        self.headers, self.remotes, self.rest = headers, remotes, rest
+    def __init__(self, several, single, rest, port_lines_regular):
+        self.several, self.single, self.rest = several, single, rest
         self.port_lines_regular = port_lines_regular and "\n[" not in "\n" + rest
 
 
-def split_sections(text):
+def _split_each(text):
     """Split ibnetdiscover ``text`` (str, newlines "\n") into :class:`RegularSections`.
 
     A section (text between blank lines) is regular when its header is the first line with
@@ -77,8 +81,10 @@ def split_sections(text):
     eight; ibnetdiscover prints neither, and the line-by-line reader of the links would
     skip the first and read the second's remote, as this does.)
     """
-    headers, remotes, rest = [], [], []
-    single_fourth, single_sixth = [], []  # pieces 4 and 6 of the sections with one port line
+    several, rest = [], []
+    # Sections with one port line, as columns: header prefixes, idents, descriptions,
+    # pieces 4 (header rest, break, "[<port>]..."), remote idents, pieces 6.
+    prefixes_1, idents_1, descriptions_1, fourth_1, remotes_1, sixth_1 = [], [], [], [], [], []
     prefixes = {}  # header text before the first quote -> whether it is "Switch|Ca|Rt <ports> "
     sections = text.split("\n\n")
     sections[-1] = sections[-1].rstrip("\n")  # the text's final line break(s)
@@ -99,13 +105,15 @@ def split_sections(text):
         lines = section.count("\n", len(before))
         if not regular or count != 5 + 4 * lines:
             rest.append(section)
-            continue
-        if lines == 0:
-            far, header_rest = [], parts[4]
         elif lines == 1:  # a host's CA: its port line is checked with all the others below
-            single_fourth.append(parts[4])
-            single_sixth.append(parts[6])
-            far, header_rest = [parts[5]], parts[4]
+            prefixes_1.append(prefix)
+            idents_1.append(parts[1])
+            descriptions_1.append(parts[3])
+            fourth_1.append(parts[4])
+            remotes_1.append(parts[5])
+            sixth_1.append(parts[6])
+        elif lines == 0:
+            several.append((prefix, intern(parts[1]), parts[3], parts[4], []))
         else:
             # All breaks in the pieces between lines (4, 8, ...), each followed by
             # "[<port>]"; then the pieces after the remote idents (6, 10, ...) hold none, and
@@ -115,14 +123,70 @@ def split_sections(text):
                     or _REMOTE_PORTS.fullmatch("\n".join(parts[6::4])) is None):
                 rest.append(section)
                 continue
-            far, header_rest = parts[5::4], parts[4]
-        headers.append((prefix, parts[1], parts[3], header_rest))
-        remotes.append(far)
+            several.append((prefix, intern(parts[1]), parts[3], parts[4], list(map(intern, parts[5::4]))))
     # Each one-line section's piece 4 holds its one line break (so piece 6 none), then
     # "[<port>]"; piece 6 starts with "[<remote port>]". Checked for all at once; should
     # one fail, all of them count as irregular (the reader then reads every line anyway).
-    joined = _SEP.join(single_fourth)
-    if single_fourth and (joined.count(_SEP) != len(single_fourth) - 1 or _SINGLE_LOCAL.fullmatch(joined) is None
-                          or _REMOTE_PORTS.fullmatch("\n".join(single_sixth)) is None):
-        return RegularSections([], [], text, False)
-    return RegularSections(headers, remotes, "\n\n".join(rest), True)
+    joined = _SEP.join(fourth_1)
+    if fourth_1 and (joined.count(_SEP) != len(fourth_1) - 1 or _SINGLE_LOCAL.fullmatch(joined) is None
+                     or _REMOTE_PORTS.fullmatch("\n".join(sixth_1)) is None):
+        return RegularSections((), ([], [], [], [], []), text, False)
+    single = (prefixes_1, list(map(intern, idents_1)), descriptions_1, fourth_1, list(map(intern, remotes_1)))
+    return RegularSections(several, single, "\n\n".join(rest), True)
+
+
+def split_sections(text):
+    """Split ibnetdiscover ``text`` (str, newlines "\n") into :class:`RegularSections`.
+
+    ibnetdiscover prints its switches first, then its CAs. When everything from the first
+    CA section on is host CAs with one port line each (a single-rail fabric), that run is
+    read as one piece (:func:`_host_run`); everything else, or everything when the run is
+    not like that, section by section (:func:`_split_each`). Both take the same sections
+    as regular and give the same fields.
+    """
+    first = text.find("\nCa\t") + 1 if not text.startswith("Ca\t") else 0
+    if first > 0:
+        start = text.rfind("\n\n", 0, first)
+        start = 0 if start < 0 else start + 2
+        run = _host_run(text[start:])
+        if run is not None:
+            regular = _split_each(text[:start]) if start else RegularSections([], ([], [], [], [], []), "", True)
+            if regular.port_lines_regular:
+                for column, more in zip(regular.single, run):
+                    column += more
+            return regular
+    return _split_each(text)
+
+
+def _host_run(run):
+    """The five columns of RegularSections.single for ``run``, text made only of host CA
+    sections with one port line each, or None when it is not.
+
+    Split at its quotes, such a run gives eight pieces per section: ident, the text between
+    ident and description, description, the header's end with the line break and the
+    port line up to the remote ident, remote ident, the text up to the remote description,
+    remote description, and the rest of the port line up to the next header's first
+    quote (attribute lines, blank lines and anything else without quotes; a line-by-line
+    reader keeps nothing from those). Counts and regular expressions over the joined
+    pieces check that every section is one header line of four quotes and one port line
+    of four quotes, "[<port>]" and "[<remote port>]" where a reader expects numbers.
+    """
+    sections = run.count("\nCa\t") + run.startswith("Ca\t")
+    pieces = run.split('"')
+    if not sections or len(pieces) != 8 * sections + 1:
+        return None
+    fourth = pieces[4::8]
+    # Line breaks only in pieces 0 (mod 8) and, exactly one each, in pieces 4.
+    if "\n" in "".join(pieces[1::8] + pieces[2::8] + pieces[3::8] + pieces[5::8] + pieces[6::8] + pieces[7::8]):
+        return None
+    joined = _SEP.join(fourth)
+    if (joined.count(_SEP) != sections - 1 or _SINGLE_LOCAL.fullmatch(joined) is None
+            or _REMOTE_PORTS.fullmatch("\n".join(pieces[6::8])) is None):
+        return None
+    # Each header's text before its first quote: the last line of the piece before it.
+    prefixes = [piece[piece.rfind("\n") + 1:] for piece in pieces[0:-1:8]]
+    for prefix in set(prefixes):
+        words = prefix.split()
+        if not (len(words) == 2 and words[0] in _KINDS and words[1].isdecimal()):
+            return None
+    return (prefixes, list(map(intern, pieces[1::8])), pieces[3::8], fourth, list(map(intern, pieces[5::8])))
