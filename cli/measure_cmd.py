@@ -94,8 +94,10 @@ def run_cmd(task_path, candidate_specs, out, as_json, min_samples, min_time, max
     request/response handshake and the sandbox's cgroup CPU time is
     cross-checked. Slurm mode runs as the job's user inside an allocation:
     each candidate is a sandboxed step (srun --sandbox) whose stdin/stdout
-    carry the channel; it has no cgroup CPU cross-check and relies on Slurm
-    for CPU placement (see slurmbox/measure/slurm_step.py). Exit status 0 when the campaign was measured (rejected
+    carry the channel; the step's cgroup CPU time is cross-checked when the
+    step runs on the harness's node (a batch script; not under salloc on a
+    login node, which the record says) and Slurm places the CPUs (see
+    slurmbox/measure/slurm_step.py). Exit status 0 when the campaign was measured (rejected
     candidates included, unless --fail-on-reject), 1 on a harness error.
 
     \b
