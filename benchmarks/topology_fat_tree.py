@@ -14,13 +14,15 @@ and the peak Python memory (tracemalloc) of each, measured in separate passes so
 does not slow the timed ones. CPU time is printed too because on a shared machine other
 processes stretch wall-clock times unevenly.
 
-The parse is the one every output uses (``topology.ibnetdiscover.read``): node sections
-that look exactly as ibnetdiscover prints them are found with whole-text string operations
-(topology/ibnetdiscover_sections.py) and give the nodes (kind, description, host, GUID,
-port count) and, per node, the idents its port lines name; anything irregular sends the
-whole text through the line-by-line reader. Port numbers, widths, speeds, the warnings and
+The parse is the one every output uses (``topology.ibnetdiscover.read``, which
+``slurmbox topology`` calls for an ibnetdiscover file): the file is read 1 MiB at a time,
+and node sections that look exactly as ibnetdiscover prints them are found with string
+operations over whole blocks (topology/ibnetdiscover_sections.py); they give the nodes
+(kind, description, host, GUID, port count) and, per node, the idents its port lines name.
+Anything irregular sends the whole file through the line-by-line reader. Port numbers, widths, speeds, the warnings and
 the Link objects are read line by line when ``Fabric.links`` or ``Fabric.warnings`` is first
-read (``show``, ``place``, JSON output); FabricNode objects when ``Fabric.nodes`` is. Writing
+read (``show``, ``place``, JSON output), reading the file again; FabricNode objects when
+``Fabric.nodes`` is. Writing
 the tree needs neither; those deferred steps are timed and printed on their own lines,
 outside the ratio.
 

@@ -227,3 +227,37 @@ def test_hosts_of_many_descriptions_are_those_of_each():
     for descriptions in samples:
         assert ibnetdiscover.hosts_from_descriptions(descriptions) == \
             [ibnetdiscover.host_from_description(d) for d in descriptions], descriptions
+
+
+def _fields(regular):
+    return (sorted(regular.several), [sorted(zip(*regular.single))], regular.rest, regular.port_lines_regular)
+
+
+def test_reading_in_chunks_of_any_size_finds_the_same_sections():
+    from slurmbox.topology.ibnetdiscover_sections import split_stream
+    rng = random.Random(11)
+    texts = [fabric_text(rng=rng)]
+    for seed in range(6):
+        lines = _lines_of(fabric_text(rng=random.Random(seed)))
+        DAMAGE[sorted(DAMAGE)[seed % len(DAMAGE)]](lines, random.Random(seed))
+        texts.append("\n".join(lines) + "\n\n\n")
+    for text in texts:
+        whole = split_sections(text)
+        for size in (1, 7, 64, 500, 4096, len(text)):
+            chunks = [text[i:i + size] for i in range(0, len(text), size)]
+            streamed = split_stream(chunks)
+            assert streamed.port_lines_regular == whole.port_lines_regular, size
+            if whole.port_lines_regular:
+                assert _fields(streamed)[:2] == _fields(whole)[:2], size
+
+
+def test_a_file_reads_as_its_text_and_its_links_notice_a_change(tmp_path):
+    text = fabric_text(rng=random.Random(2))
+    path = tmp_path / "fabric.txt"
+    path.write_text(text)
+    from_file, from_text = everything(ibnetdiscover.read(str(path))), everything(ibnetdiscover.parse(text, str(path)))
+    assert from_file == from_text
+    fabric = ibnetdiscover.read(str(path))
+    path.write_text(text.replace("4xNDR", "4xEDR"))
+    with pytest.raises(TopologyError, match="changed since it was read"):
+        fabric.links

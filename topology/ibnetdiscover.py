@@ -22,12 +22,13 @@ The host of a CA is the first word of its NodeDescription ("r-ufm101 HCA-1" ->
 :meth:`Fabric.map_guids` gives them one from the node's ``ibstat``/pyverbs GUIDs.
 """
 
+import os
 import re
 import subprocess
 from itertools import repeat
 
 from .hostlists import is_host_name
-from .ibnetdiscover_sections import split_sections
+from .ibnetdiscover_sections import split_sections, split_stream
 from .model import Fabric, FabricNode, Link, TopologyError, no_gc
 
 _DEFAULT_MARKERS = ("Mellanox Technologies", "InfiniHost", "ConnectX", "Voltaire")
@@ -116,14 +117,23 @@ def parse_lines(lines, name="ibnetdiscover"):
 def _parse_text(text, name):
     """Fabric of ``text`` (newlines "\n"): its regular sections read in bulk
     (:mod:`.ibnetdiscover_sections`), the rest line by line; links and warnings deferred."""
-    regular = split_sections(text)
+    def exact():
+        state = _State(name)
+        state.feed(text.split("\n"))
+        return state
+
+    return _fabric(split_sections(text), name, exact)
+
+
+def _fabric(regular, name, exact):
+    """The Fabric of :class:`RegularSections` ``regular``; ``exact()`` reads the whole input
+    line by line into a fed _State, for the links and warnings when they are asked for, or
+    at once when some section with port lines is not regular."""
     if not regular.port_lines_regular:
         # An irregular section with port lines (stray lines among them, a header missing):
         # which cable such a line names depends on every line before it. Read it all, in
         # order, line by line, as the links would be.
-        state = _State(name)
-        state.feed(text.split("\n"))
-        return state.finish()
+        return exact().finish()
     state = _State(name)
     state.feed(regular.rest.split("\n"))
     nodes, sharp, kinds = state.nodes, state.sharp, state.headers
@@ -169,10 +179,8 @@ def _parse_text(text, name):
     fabric.set_node_rows(nodes, _build_node)
 
     def load_links():
-        # Ports, speeds and warnings need every port line: the whole text, line by line.
-        exact = _State(name)
-        exact.feed(text.split("\n"))
-        return exact.links_and_warnings()
+        # Ports, speeds and warnings need every port line: the whole input, line by line.
+        return exact().links_and_warnings()
 
     fabric.set_deferred_links(sightings, load_links, uplinks)
     return fabric
@@ -367,14 +375,39 @@ def _guid(name, ident):
 
 
 def read(path):
-    """Parse the ibnetdiscover output in file ``path``; TopologyError when unreadable."""
+    """Parse the ibnetdiscover output in file ``path`` (see :func:`parse`).
+
+    The file is read 1 MiB at a time; the links, when asked for, read it again line by
+    line, and raise TopologyError if it changed in between (size, mtime or inode).
+    Raises TopologyError when it cannot be read.
+    """
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:
-            text = handle.read()
+            identity = _identity(os.fstat(handle.fileno()))
+            with no_gc():
+                regular = split_stream(iter(lambda: handle.read(1 << 20), ""))
     except OSError as err:
         raise TopologyError("cannot read %s: %s" % (path, err.strerror))
+
+    def exact():
+        try:
+            with open(path, encoding="utf-8", errors="replace") as handle:
+                if _identity(os.fstat(handle.fileno())) != identity:
+                    raise TopologyError("%s changed since it was read; read it again" % path)
+                text = handle.read()
+        except OSError as err:
+            raise TopologyError("cannot read %s again: %s" % (path, err.strerror))
+        state = _State(path)
+        state.feed(text.split("\n"))
+        return state
+
     with no_gc():
-        return _parse_text(text, path)
+        return _fabric(regular, path, exact)
+
+
+def _identity(stat):
+    """What tells one version of a file from another: (device, inode, size, mtime ns)."""
+    return stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns
 
 
 def run(timeout=120):

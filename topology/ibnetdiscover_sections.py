@@ -190,3 +190,38 @@ def _host_run(run):
         if not (len(words) == 2 and words[0] in _KINDS and words[1].isdecimal()):
             return None
     return (prefixes, list(map(intern, pieces[1::8])), pieces[3::8], fourth, list(map(intern, pieces[5::8])))
+
+
+def split_stream(chunks):
+    """:func:`split_sections` of the text made of ``chunks`` (iterable of str, e.g. a file
+    read 1 MiB at a time), read block by block: each block ends at a blank line, so no
+    section is cut. A large file is never held whole (one 10 MB string costs about as much
+    as reading the file line by line). On an irregular section with port lines the result
+    has ``port_lines_regular`` False and nothing else: the caller reads it all line by line.
+    """
+    several, single, rest = [], ([], [], [], [], []), []
+    for block in _blocks(chunks):
+        regular = split_sections(block)
+        if not regular.port_lines_regular:
+            return RegularSections((), ([], [], [], [], []), "", False)
+        several += regular.several
+        for column, more in zip(single, regular.single):
+            column += more
+        if regular.rest:
+            rest.append(regular.rest)
+    return RegularSections(several, single, "\n\n".join(rest), True)
+
+
+def _blocks(chunks):
+    """The text of ``chunks`` again, as pieces that each end at a blank line (or the end)."""
+    carry = ""
+    for chunk in chunks:
+        text = carry + chunk if carry else chunk
+        cut = text.rfind("\n\n")
+        if cut < 0:
+            carry = text
+            continue
+        yield text[:cut]
+        carry = text[cut + 2:]
+    if carry:
+        yield carry

@@ -30,6 +30,21 @@ def read_text(path):
         raise TopologyError("cannot read %s: %s" % (path, err.strerror or err))
 
 
+def _ibnetdiscover_head(path):
+    """True when the start of file ``path`` is detected as ibnetdiscover output (see detect)."""
+    if not os.path.isfile(path):
+        return False
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            head = handle.read(4000)
+    except OSError:
+        return False  # read_text reports it
+    try:
+        return detect(head) == "ibnetdiscover"
+    except TopologyError:
+        return False
+
+
 def split_host(spec):
     """``"HOST=PATH"`` -> (HOST, PATH); ``"PATH"`` -> (None, PATH)."""
     if "=" in spec and not os.path.exists(spec):
@@ -73,6 +88,11 @@ def load(topo, kind, spec):
     A kind of None is detected from the content. Raises TopologyError on bad input.
     """
     host, path = split_host(spec)
+    if kind is None and _ibnetdiscover_head(path):
+        kind = "ibnetdiscover"
+    if kind == "ibnetdiscover" and os.path.isfile(path):
+        topo.fabrics.append(ibnetdiscover.read(path))  # read as it goes: a large fabric is never held whole
+        return topo
     text = read_text(path)
     kind = kind or detect(text)
     node_name = host or os.path.basename(path)
