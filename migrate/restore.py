@@ -45,7 +45,7 @@ class Selection:
         return lines
 
 
-def select_checkpoint(store, job, step, uid, script_sha256=None, command_sha256=None):
+def select_checkpoint(store, job, step, uid, script_sha256=None, command_sha256=None, runsc_features=None):
     """The Selection for (``job``, ``step``) of user ``uid`` in ``store`` (a CheckpointStore).
 
     Verifies newest first and stops at the first valid one. Interrupted
@@ -54,12 +54,20 @@ def select_checkpoint(store, job, step, uid, script_sha256=None, command_sha256=
     another script (a job id reused after a controller reset) is skipped.
     With ``command_sha256`` (an srun step's command digest,
     slurmbox.migrate.step_checkpoint), checkpoints recorded for another
-    command line are ``foreign``.
+    command line are ``foreign``. With ``runsc_features`` (runsc_checkpoint.checkpoint_features
+    of this node's runsc), a checkpoint written by another runsc release is skipped
+    (gVisor restores only its own release's images), before its files are read.
     """
+    from slurmbox.migrate.runsc_checkpoint import restore_problem
+
     selection = Selection()
     for ckpt in store.checkpoints(job, step):
         if command_sha256 and (ckpt.manifest or {}).get("command_sha256") not in (None, command_sha256):
             selection.foreign.append(ckpt)
+            continue
+        release = restore_problem(ckpt.manifest, runsc_features) if runsc_features else None
+        if release:
+            selection.skipped.append((ckpt, [release]))
             continue
         verdict = store.verify(ckpt, uid=uid)
         recorded = (ckpt.manifest or {}).get("batch_script_sha256")

@@ -470,6 +470,15 @@ class Supervisor:
         except OSError:
             return None
 
+    def _runsc_features(self):
+        """checkpoint_features (dict) of this node's runsc, or None when it cannot be read."""
+        from slurmbox.migrate.runsc_checkpoint import checkpoint_features
+        from slurmbox.migrate.store import CheckpointError
+        try:
+            return checkpoint_features(runsc.find_runsc(), self.node_dir)
+        except (OSError, CheckpointError, RuntimeError):
+            return None
+
     def _choose_restore(self, spec, err_fd, settings):
         """(Checkpoint, restore spec) to restore from, or None to start the program.
 
@@ -482,7 +491,8 @@ class Supervisor:
         try:
             store = self.store()
             selection = select_checkpoint(store, self.args.job, self.checkpoint_step, self.args.uid,
-                                          self.batch_script_sha256(), self.step_manifest.get("command_sha256"))
+                                          self.batch_script_sha256(), self.step_manifest.get("command_sha256"),
+                                          self._runsc_features())
             for line in selection.messages():
                 self.say(err_fd, line)
             if selection.checkpoint is not None:

@@ -313,3 +313,24 @@ def test_checkpoint_command_line_and_failure_cleanup(store, tmp_path):
         checkpoint_sandbox([str(fake)], "fail", pending, {}, {"mounts": []})
     assert not os.path.exists(pending.image_dir)
     assert [c.name for c in store.checkpoints("9", "batch")] == [ckpt.name]
+
+
+@needs_root
+def test_a_checkpoint_of_another_runsc_release_is_skipped_for_an_older_one_of_this_release(store):
+    pending = store.begin("7", "batch", _uid())
+    with open(os.path.join(pending.image_dir, "checkpoint.img"), "wb") as handle:
+        handle.write(b"old" * 100)
+    older = pending.publish({"node": "n1", "reason": "test", "runsc": {"version": "0.0~20221219.0"}},
+                            spec={"hostname": "n1", "mounts": []})
+    pending = store.begin("7", "batch", _uid())
+    with open(os.path.join(pending.image_dir, "checkpoint.img"), "wb") as handle:
+        handle.write(b"new" * 100)
+    newer = pending.publish({"node": "n2", "reason": "test", "runsc": {"version": "0.0~20240729.0"}},
+                            spec={"hostname": "n1", "mounts": []})
+    selection = select_checkpoint(store, "7", "batch", _uid(), runsc_features={"version": "0.0~20221219.0"})
+    assert selection.checkpoint.name == older.name
+    assert [c.name for c, _ in selection.skipped] == [newer.name]
+    assert "written by runsc 0.0~20240729.0; this node's runsc 0.0~20221219.0 cannot restore it" in \
+        "\n".join(selection.messages())
+    # Unknown versions are not judged.
+    assert select_checkpoint(store, "7", "batch", _uid(), runsc_features={}).checkpoint.name == newer.name
