@@ -109,7 +109,37 @@ def prepare_parent(parent=PARENT):
     except OSError as err:
         raise IsolationError("cannot prepare cgroup %s (%s); slurmbox measure needs root and a writable "
                              "cgroup hierarchy" % (parent, err))
+    remove_stale_cgroups(parent)
     return "/" + parent
+
+
+#: A measure-* cgroup with no process that is older than this (seconds) was left by a
+#: harness that could not clean up (SIGKILL): a live candidate's cgroup holds its sandbox
+#: from the start, within seconds of its creation.
+STALE_AFTER_S = 300
+
+
+def remove_stale_cgroups(parent, older_than_s=STALE_AFTER_S):
+    """Remove ``parent``'s ``measure-*`` child cgroups that hold no process and were made more
+    than ``older_than_s`` seconds ago (best effort; called as candidates start)."""
+    import time
+    base = os.path.join(_v1_dir("cpuacct") if cgroup_version() == 1 else CGROUP_ROOT, parent)
+    try:
+        names = [name for name in os.listdir(base) if name.startswith("measure-")]
+    except OSError:
+        return
+    now = time.time()
+    for name in names:
+        path = os.path.join(base, name)
+        try:
+            if now - os.stat(path).st_mtime < older_than_s:
+                continue
+            with open(os.path.join(path, "cgroup.procs")) as handle:
+                if handle.read().strip():
+                    continue
+        except OSError:
+            continue
+        remove_cgroup("/%s/%s" % (parent, name))
 
 
 def validate_cpus(cpus, what):

@@ -491,3 +491,34 @@ def test_candidate_sandbox_has_a_memory_limit():
     assert small["linux"]["resources"]["memory"] == {"limit": 256 * 1024 * 1024}
     unlimited = SandboxedCandidate(os.path.join(DATA, "honest.py"), "t", memory_limit_mb=0).build_spec()
     assert "memory" not in unlimited["linux"]["resources"]
+
+
+def test_stale_candidate_cgroups_are_removed_and_live_ones_kept():
+    """A harness killed with SIGKILL leaves its candidate's cgroup; the next one removes it
+    once it holds no process, and never a cgroup that still holds one."""
+    import subprocess
+    if os.geteuid() != 0:
+        pytest.skip("needs root to create cgroups")
+    parent = "slurmbox-measure-shared"
+    try:
+        isolation.prepare_parent(parent)
+    except isolation.IsolationError as err:
+        pytest.skip(str(err))
+    stale, live = "/%s/measure-test-stale-%d" % (parent, os.getpid()), "/%s/measure-test-live-%d" % (parent, os.getpid())
+    base = isolation._v1_dir("cpuacct") if isolation.cgroup_version() == 1 else isolation.CGROUP_ROOT
+    isolation.create_cgroup(stale, isolation.online_cpus())
+    isolation.create_cgroup(live, isolation.online_cpus())
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        isolation.attach(live, sleeper.pid)
+        isolation.remove_stale_cgroups(parent, older_than_s=3600)
+        assert os.path.isdir(base + stale), "a young cgroup was removed"
+        isolation.remove_stale_cgroups(parent, older_than_s=0)
+        assert not os.path.exists(base + stale)
+        assert os.path.isdir(base + live), "a cgroup holding a process was removed"
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        isolation.remove_cgroup(stale)
+        isolation.remove_cgroup(live)
+    assert not os.path.exists(base + live)
