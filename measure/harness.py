@@ -12,7 +12,8 @@ Per sample the harness (outside the sandbox, pinned to its own CPUs):
 4. checks the output (checks.verify_output) and the CPU accounting of the
    window and of the quiet time after it (checks.cpu_flags).
 
-Hidden-shape probes and one repeated input are slipped in among the timed
+Hidden-shape probes and repeats of one earlier input (three, so that one repeat
+slowed by the machine does not hide a cache) are slipped in among the timed
 samples at secret positions. Any flag withholds the reward.
 """
 
@@ -63,7 +64,7 @@ class MeasureOptions:
     quiet_max_ns: int = 20_000_000
     final_quiet_ns: int = 50_000_000
     hidden_probes: int = 2
-    repeat_probes: int = 1
+    repeat_probes: int = 3
     sample_timeout: float = 60.0
     max_flagged_samples: int = 3
     sandbox: str = "runsc"

@@ -208,10 +208,15 @@ def test_sandboxed_step_runs_on_every_rendered_partition(rendered_cluster, workd
     assert result.returncode == 0, result.stderr
     assert result.stdout.split("\n", 1)[0] == node
     assert GVISOR_BOOT in result.stdout
-    # the rendered gres.conf gives the sandbox exactly the allocated fake GPU
-    spec = cluster.srun("-p", partition, "--sandbox", "--sandbox-dry-run", "--gres=gpu:1", "true", cwd=workdir)
+    # the rendered gres.conf gives the sandbox exactly the allocated fake GPU (checkpoints off:
+    # a preemptible partition's transparent default cannot save GPUs with this runsc)
+    spec = cluster.srun("-p", partition, "--sandbox", "--sandbox-dry-run", "--sandbox-checkpoint=none",
+                        "--gres=gpu:1", "true", cwd=workdir)
     assert spec.returncode == 0, spec.stderr
     assert '"/dev/nvidia0"' in spec.stdout and '"/dev/nvidia1"' not in spec.stdout
+    if partition == "spot":  # refused before the step starts, saying what to use instead
+        refused = cluster.srun("-p", partition, "--sandbox", "--gres=gpu:1", "true", cwd=workdir)
+        assert refused.returncode != 0 and "--sandbox-checkpoint=signal" in refused.stderr, refused.stderr
 
 
 def test_rendered_required_partition_refuses_no_sandbox(rendered_cluster, workdir):
