@@ -261,3 +261,43 @@ def test_a_file_reads_as_its_text_and_its_links_notice_a_change(tmp_path):
     path.write_text(text.replace("4xNDR", "4xEDR"))
     with pytest.raises(TopologyError, match="changed since it was read"):
         fabric.links
+
+
+_A, _B, _C = 'Switch 2 "S-a" # "a"\n', 'Switch 2 "S-b" # "b"\n', 'Switch 2 "S-c" # "c"\n'
+_H1, _H2 = 'Ca 1 "H-1" # "h1"\n', 'Ca 1 "H-2" # "h2"\n'
+
+
+def _port(n, remote, remote_port):
+    return '[%d] "%s"[%d] # "x"\n' % (n, remote, remote_port)
+
+
+@pytest.mark.parametrize("text", [
+    # a header after white space is no header to a line reader
+    _A + _port(1, "H-1", 1) + "\n " + _H1 + _port(1, "S-a", 1),
+    _A + _port(1, "H-1", 1) + '\n Switch 2 "S-zz" # "z"\n',
+    # a node with two sections: the later one counts
+    _A + _port(1, "H-1", 1) + "\n" + _H1 + _port(1, "S-a", 1) + '\nCa 1 "H-1" # "h9" "\n',
+    _A + _port(1, "H-1", 1) + '\nSwitch 1 "H-1" # "Aggregation Node"\n' + _port(1, "S-a", 1) + "\n" + _H1
+    + _port(1, "S-a", 1),
+    # the two ends of a cable disagree (recabled, pieced together): the first sighting counts
+    _A + _port(1, "H-1", 1) + _port(2, "S-b", 5) + "\n" + _B + _port(5, "S-c", 1) + "\n" + _C + _port(2, "H-2", 1)
+    + "\n" + _H1 + _port(1, "S-a", 1) + "\n" + _H2 + _port(1, "S-c", 2),
+    _H1 + _port(1, "S-b", 1) + "\n" + _A + _port(1, "H-1", 1) + "\n" + _B,
+    # a header whose port count is not a number is a stray line
+    'Ca x "H-1" # "h"\n' + _port(1, "S-a", 1) + "\n" + _A + _port(1, "H-1", 1),
+], ids=["space-header", "space-header-bad-id", "duplicate-ca", "duplicate-sharp", "ends-disagree",
+        "ca-first-disagree", "port-count-not-a-number"])
+def test_pieced_together_and_odd_inputs_read_as_line_by_line(text):
+    assert_same_as_line_by_line(text)
+
+
+def test_a_failed_second_read_leaves_the_fabric_as_it_was(tmp_path):
+    path = tmp_path / "fabric.txt"
+    path.write_text(fabric_text())
+    fabric = ibnetdiscover.read(str(path))
+    trees = [(t.root, t.children) for t in fabric.trees()]
+    path.write_text(fabric_text() + "\n")
+    for _ in range(2):
+        with pytest.raises(TopologyError, match="changed since it was read"):
+            fabric.links
+    assert [(t.root, t.children) for t in fabric.trees()] == trees

@@ -137,6 +137,7 @@ def _fabric(regular, name, exact):
     state = _State(name)
     state.feed(regular.rest.split("\n"))
     nodes, sharp, kinds = state.nodes, state.sharp, state.headers
+    irregular_nodes = len(nodes)
     # Each node's cabled neighbours as its own section names them: all that trees need.
     sightings = []
     for prefix, ident, description, rest, far in regular.several:
@@ -171,6 +172,10 @@ def _fabric(regular, name, exact):
     nodes.update(zip(idents, zip(kind_list, hosts, descriptions, port_list, rests, guids)))
     if "Aggregation Node" in "\n".join(descriptions):
         sharp.update(i for i, d in zip(idents, descriptions) if nodes[i][0] == "ca" and "Aggregation Node" in d)
+    if len(nodes) != irregular_nodes + len(regular.several) + len(idents):
+        # A node with two sections (files pieced together): which one counts depends on
+        # their order in the file. Read it all, in order, line by line.
+        return exact().finish()
     for ident in sharp:
         nodes.pop(ident, None)
     if not nodes:
@@ -300,7 +305,7 @@ class _State:
                 if kind_ports is None:
                     words = parts[0].split()
                     kind = _KINDS.get(words[0])
-                    if kind is None or len(words) < 2:
+                    if kind is None or len(words) < 2 or not words[1].isdecimal():
                         skipped += 1
                         continue
                     kind_ports = headers[parts[0]] = (kind, int(words[1]))
@@ -377,8 +382,9 @@ def _guid(name, ident):
 def read(path):
     """Parse the ibnetdiscover output in file ``path`` (see :func:`parse`).
 
-    The file is read 1 MiB at a time; the links, when asked for, read it again line by
-    line, and raise TopologyError if it changed in between (size, mtime or inode).
+    The file is read 1 MiB at a time; the links, when asked for, read it again (whole),
+    and raise TopologyError if it changed in between (size, mtime or inode: a rewrite
+    that keeps all three is not noticed).
     Raises TopologyError when it cannot be read.
     """
     try:

@@ -42,6 +42,13 @@ _LOCAL_PORTS = re.compile(r"[^\n]*(?:\n\[[0-9]+\][^\n]*)*")
 _REMOTE_PORTS = re.compile(r"\[[0-9]+\][^\n]*(?:\n\[[0-9]+\][^\n]*)*")
 
 
+def _regular_prefix(prefix, words):
+    """True when a header's text before its first quote is ``Switch|Ca|Rt <port count>`` as
+    the line-by-line reader takes it: at the start of the line (a line starting with white
+    space is no header to it), a known kind, a port count."""
+    return prefix.startswith(_KINDS) and len(words) == 2 and words[0] in _KINDS and words[1].isdecimal()
+
+
 class RegularSections:
     """The regular sections of one text, and the rest.
 
@@ -78,8 +85,8 @@ def _split_each(text):
     pieces 1 and 3, and the remote idents every fourth piece from 5 on. The checks are
     counts over the section and over joined pieces, so the cost does not grow with a
     Python step per line. (Not told apart: a port line without quotes next to one with
-    eight; ibnetdiscover prints neither, and the line-by-line reader of the links would
-    skip the first and read the second's remote, as this does.)
+    eight whose description quotes an ident: this takes that ident as a remote too, the
+    line-by-line reader does not. ibnetdiscover prints neither line.)
     """
     several, rest = [], []
     # Sections with one port line, as columns: header prefixes, idents, descriptions,
@@ -100,7 +107,7 @@ def _split_each(text):
         regular = prefixes.get(prefix)
         if regular is None:
             words = prefix.split()
-            regular = prefixes[prefix] = (len(words) == 2 and words[0] in _KINDS and words[1].isdecimal())
+            regular = prefixes[prefix] = _regular_prefix(prefix, words)
         # The line breaks after the header's start: one per port line.
         lines = section.count("\n", len(before))
         if not regular or count != 5 + 4 * lines:
@@ -187,7 +194,7 @@ def _host_run(run):
     prefixes = [piece[piece.rfind("\n") + 1:] for piece in pieces[0:-1:8]]
     for prefix in set(prefixes):
         words = prefix.split()
-        if not (len(words) == 2 and words[0] in _KINDS and words[1].isdecimal()):
+        if not _regular_prefix(prefix, words):
             return None
     return (prefixes, list(map(intern, pieces[1::8])), pieces[3::8], fourth, list(map(intern, pieces[5::8])))
 

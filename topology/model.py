@@ -280,6 +280,7 @@ class Fabric:
     def links(self, links):
         self._links = links
         self._link_rows = self._sightings = self._load_links = None
+        self._uplinks = ()
 
     @property
     def warnings(self):
@@ -311,9 +312,9 @@ class Fabric:
         self._links = None
 
     def _materialize_links(self):
-        load, self._load_links, self._sightings, self._uplinks = self._load_links, None, None, ()
         with no_gc():
-            rows, warnings = load()
+            rows, warnings = self._load_links()  # may raise: the deferred state stays as it was
+        self._load_links, self._sightings, self._uplinks = None, None, ()
         self._link_rows = rows
         self._warnings.extend(warnings)
 
@@ -325,6 +326,7 @@ class Fabric:
         self._link_rows = rows
         self._links = None
         self._sightings = self._load_links = None
+        self._uplinks = ()
 
     def link_ends(self):
         """Iterator of (a, b) node idents, one per link, in link order."""
@@ -403,7 +405,7 @@ class Fabric:
             else:
                 links, first, second = self._links, _LINK_A, _LINK_B
             groups = ((a, set(map(second, group))) for a, group in groupby(links, first))
-        named = set()  # CAs some switch's group names
+        named_by = {}  # switch -> the CAs its group names
         for a, far in groups:
             near = sw_adj.get(a)
             if near is not None:
@@ -412,7 +414,7 @@ class Fabric:
                 near |= switches
                 cas = ca_set.intersection(far)
                 if cas:
-                    named |= cas
+                    named_by[a] = cas
                     hosts = set(map(ca_host.__getitem__, cas))
                     known = host_adj.get(a)
                     if known is None:
@@ -430,23 +432,28 @@ class Fabric:
                             host_adj[b] = {host}
                         else:
                             known.add(host)
-        # Each switch's neighbours as its own group names them; a cable named from one end
-        # only (the other end's section missing a line) counts for both.
+        # A cable named from one end only counts for both.
+        one_sided = False
         for a, near in sw_adj.items():
             for b in near:
                 other = sw_adj[b]
                 if a not in other:
                     other.add(a)
-        if self._uplinks:
-            # CAs cabled once, each naming its switch; a switch names them too (the usual
-            # case, and then a reader takes the switch's line), except in a file pieced
-            # together from several runs: only the CAs no switch names are added.
-            cas, far = self._uplinks
-            unnamed = () if named.issuperset(cas) else set(cas) - named
-            for ca, sw in zip(cas, far) if unnamed else ():
-                host = ca_host.get(ca)
-                if ca in unnamed and host is not None and sw in sw_set:
-                    host_adj.setdefault(sw, set()).add(host)
+                    one_sided = True
+        if self._sightings is not None:
+            # Sightings stand for links only when both ends of every cable name each other
+            # (every ibnetdiscover run): each CA cabled once names a switch that names it.
+            # Otherwise (files pieced together, a fabric recabled between queries) the
+            # line-by-line reader's rule decides which cables count: read the links.
+            cas, far = self._uplinks or ((), ())
+            empty = frozenset()
+            for ca, sw in zip(cas, far):
+                if ca not in named_by.get(sw, empty) and sw in sw_set:
+                    one_sided = True
+                    break
+            if one_sided:
+                self._materialize_links()
+                return self._adjacency()
         return sw_adj, host_adj
 
     def tiers(self):
