@@ -109,20 +109,13 @@ def parse(text, name="ibnetdiscover"):
 def parse_lines(lines, name="ibnetdiscover"):
     """Parse an iterable of ibnetdiscover lines (see :func:`parse`), line by line."""
     with no_gc():
-        state = _State(name)
-        state.feed(line.rstrip("\n") for line in lines)
-        return state.finish()
+        return _read_in_order((line.rstrip("\n") for line in lines), name).finish()
 
 
 def _parse_text(text, name):
     """Fabric of ``text`` (newlines "\n"): its regular sections read in bulk
     (:mod:`.ibnetdiscover_sections`), the rest line by line; links and warnings deferred."""
-    def exact():
-        state = _State(name)
-        state.feed(text.split("\n"))
-        return state
-
-    return _fabric(split_sections(text), name, exact)
+    return _fabric(split_sections(text), name, lambda: _read_in_order(text.split("\n"), name))
 
 
 def _fabric(regular, name, exact):
@@ -189,6 +182,13 @@ def _fabric(regular, name, exact):
 
     fabric.set_deferred_links(sightings, load_links, uplinks)
     return fabric
+
+
+def _read_in_order(lines, name):
+    """A _State fed every one of ``lines`` (str without line breaks), in order."""
+    state = _State(name)
+    state.feed(lines)
+    return state
 
 
 def _guid_of(name, ident):
@@ -403,9 +403,7 @@ def read(path):
                 text = handle.read()
         except OSError as err:
             raise TopologyError("cannot read %s again: %s" % (path, err.strerror))
-        state = _State(path)
-        state.feed(text.split("\n"))
-        return state
+        return _read_in_order(text.split("\n"), path)
 
     with no_gc():
         return _fabric(regular, path, exact)

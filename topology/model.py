@@ -135,8 +135,6 @@ class Link:
                 "speed": self.speed, "rate_gbps": self.rate_gbps, "count": self.count}
 
 
-_LINK_ENDS = attrgetter("a", "b")
-_ROW_ENDS = itemgetter(0, 2)
 _ROW_A, _ROW_B = itemgetter(0), itemgetter(2)
 _LINK_A, _LINK_B = attrgetter("a"), attrgetter("b")
 
@@ -199,13 +197,10 @@ class Fabric:
         self._build_node = None
         self._switch_nodes = {}  # switches built on their own before all nodes were (switches())
         self._row_views = None  # (switch idents, {CA ident: host}) of the rows, once computed
-        self._links = []
-        self._link_rows = None
-        # While links are deferred (set_deferred_links): each node's neighbour sightings,
-        # CA uplinks, and the function that reads the links and warnings.
-        self._sightings = None
-        self._uplinks = ()
-        self._load_links = None
+        # The links come from one of: Link objects (_links), rows (_link_rows, set_link_rows),
+        # or, deferred (set_deferred_links), each node's neighbour sightings and CA uplinks
+        # with the function that reads the rows and warnings (_load_links). See _set_links.
+        self._set_links(links=[])
         self._warnings = []
         self.parents = None
 
@@ -271,16 +266,18 @@ class Fabric:
             self._materialize_links()
         if self._link_rows is not None:
             with no_gc():
-                self._links = [Link(a, a_port, b, b_port, width, speed)
-                               for a, a_port, b, b_port, (width, speed) in self._link_rows]
-            self._link_rows = None
+                self._set_links(links=[Link(a, a_port, b, b_port, width, speed)
+                                       for a, a_port, b, b_port, (width, speed) in self._link_rows])
         return self._links
 
     @links.setter
     def links(self, links):
-        self._links = links
-        self._link_rows = self._sightings = self._load_links = None
-        self._uplinks = ()
+        self._set_links(links=links)
+
+    def _set_links(self, links=None, rows=None, sightings=None, uplinks=(), load=None):
+        """Make the given form the links' only source (see __init__); the others are dropped."""
+        self._links, self._link_rows = links, rows
+        self._sightings, self._uplinks, self._load_links = sightings, uplinks, load
 
     @property
     def warnings(self):
@@ -305,17 +302,12 @@ class Fabric:
         warnings (list of str, added to :attr:`warnings`). A parser of a large fabric uses
         this when reading ports and speeds costs more than finding who is cabled to whom.
         """
-        self._sightings = sightings
-        self._uplinks = uplinks
-        self._load_links = load
-        self._link_rows = None
-        self._links = None
+        self._set_links(sightings=sightings, uplinks=uplinks, load=load)
 
     def _materialize_links(self):
         with no_gc():
             rows, warnings = self._load_links()  # may raise: the deferred state stays as it was
-        self._load_links, self._sightings, self._uplinks = None, None, ()
-        self._link_rows = rows
+        self._set_links(rows=rows)
         self._warnings.extend(warnings)
 
     def set_link_rows(self, rows):
@@ -323,18 +315,7 @@ class Fabric:
         arguments, the last two paired); Link objects are made from them only when
         :attr:`links` is read, so a large fabric whose links are only walked (trees, tiers)
         never builds them."""
-        self._link_rows = rows
-        self._links = None
-        self._sightings = self._load_links = None
-        self._uplinks = ()
-
-    def link_ends(self):
-        """Iterator of (a, b) node idents, one per link, in link order."""
-        if self._load_links is not None:
-            self._materialize_links()
-        if self._link_rows is not None:
-            return map(_ROW_ENDS, self._link_rows)
-        return map(_LINK_ENDS, self._links)
+        self._set_links(rows=rows)
 
     # -- building -------------------------------------------------------------------
     def add_node(self, node):
