@@ -58,7 +58,8 @@ def sandbox_ls(runtime_dir, slurm_conf, as_json):
     """List sandboxes: id, job, step, user, node, age, state.
 
     \b
-    Example:
+    Examples:
+      slurmbox sandbox ls
       slurmbox sandbox ls --json | jq '.[] | select(.state=="running") | .id'
     """
     directory = _runtime_dir(runtime_dir, slurm_conf)
@@ -85,7 +86,8 @@ def sandbox_inspect(sandbox_id, node, runtime_dir, slurm_conf):
     A multi-node step on a machine running several nodes prints one record per node.
 
     \b
-    Example:
+    Examples:
+      slurmbox sandbox inspect 1234.batch
       slurmbox sandbox inspect 1234.0 --node n1
     """
     directory = _runtime_dir(runtime_dir, slurm_conf)
@@ -111,8 +113,9 @@ def sandbox_kill(sandbox_id, node, runtime_dir, slurm_conf, reason):
     srun/sacct; the sandbox is then torn down as after any task end.
 
     \b
-    Example:
-      slurmbox sandbox kill 1234.0 --reason "runaway candidate"
+    Examples:
+      slurmbox sandbox kill 1234.0
+      slurmbox sandbox kill 1234.0 --node n1 --reason "runaway candidate"
     """
     if os.geteuid() != 0:
         raise click.ClickException("only root may kill sandboxes; to end your own job use scancel")

@@ -84,8 +84,11 @@ def check_munge():
     status, output = run_tool(["sh", "-c", "munge -n | unmunge"])
     if status == 0 and "STATUS:" in output and "Success" in output:
         return Check("node.munge", GROUP, PASS, "munged answers: a credential was encoded and decoded")
+    # When munge cannot reach munged, unmunge then only says "No credential specified": name
+    # every error line, munge's (the cause) first.
+    errors = [line.strip() for line in output.splitlines() if "Error:" in line]
     return Check("node.munge", GROUP, FAIL, "munge -n | unmunge failed (exit %d): %s"
-                 % (status, output.splitlines()[-1] if output else "no output"),
+                 % (status, "; ".join(errors) or (output.splitlines()[-1] if output else "no output")),
                  "start munged (systemctl start munge) with the cluster's /etc/munge/munge.key")
 
 
@@ -116,10 +119,13 @@ def check_slurmctld(ctx):
     if missing:
         return missing
     status, output = run_tool(["scontrol", "ping"], env={"SLURM_CONF": ctx.slurm_conf})
+    # scontrol ping prints one "Slurmctld(primary) at HOST is UP|DOWN" line per controller, and a
+    # "** RESTORE SLURMCTLD DAEMON TO SERVICE **" banner of asterisks when one is down.
+    said = "; ".join(l.strip() for l in output.splitlines() if l.strip() and not l.strip().startswith("*"))
     if status == 0 and "is UP" in output:
-        return Check("node.slurmctld", GROUP, PASS, output.splitlines()[-1].strip())
+        return Check("node.slurmctld", GROUP, PASS, said)
     return Check("node.slurmctld", GROUP, FAIL, "slurmctld is not reachable with SLURM_CONF=%s (exit %d): %s"
-                 % (ctx.slurm_conf, status, output.splitlines()[-1] if output else "no output"),
+                 % (ctx.slurm_conf, status, said or "no output"),
                  "check SlurmctldHost in slurm.conf, the network and that slurmctld runs")
 
 

@@ -97,7 +97,10 @@ def test_show_prints_the_compiled_policy():
 
 
 @pytest.mark.parametrize("args", [("config",), ("config", "validate"), ("config", "render"), ("config", "show"),
-                                  ("doctor",)])
+                                  ("doctor",), ("sandbox",), ("sandbox", "ls"), ("sandbox", "inspect"),
+                                  ("sandbox", "kill")])
 def test_every_command_has_help_with_examples(args):
     result = slurmbox(*args, "--help")
     assert result.returncode == 0 and "Examples:" in result.stdout
+    examples = result.stdout.split("Examples:", 1)[1]
+    assert "slurmbox %s" % " ".join(args) in examples, examples  # an example of this very command
