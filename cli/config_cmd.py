@@ -116,7 +116,8 @@ def render(file, out_dir, topology_file, as_json):
         click.echo("%s: %s" % (file, error), err=True)
         sys.exit(EXIT_INVALID)
     except OSError as error:
-        raise click.ClickException("cannot write into %s: %s" % (out_dir, error.strerror or error))
+        raise click.ClickException("cannot write into %s: %s; pass --out a directory you can write (it is "
+                                   "created if missing)" % (out_dir, error.strerror or error))
     if as_json:
         click.echo(json.dumps({"file": file, "out": os.path.abspath(out_dir),
                                "files": [{"path": p, "sha256": hashlib.sha256(files[os.path.basename(p)].encode())

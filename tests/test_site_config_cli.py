@@ -104,3 +104,12 @@ def test_every_command_has_help_with_examples(args):
     assert result.returncode == 0 and "Examples:" in result.stdout
     examples = result.stdout.split("Examples:", 1)[1]
     assert "slurmbox %s" % " ".join(args) in examples, examples  # an example of this very command
+
+
+def test_render_into_a_path_that_is_not_a_directory_says_what_to_do(tmp_path):
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    result = slurmbox("config", "render", os.path.join(EXAMPLES_DIR, "mi300x-rocm.yaml"), "--out", str(not_a_dir))
+    assert result.returncode != 0 and result.stdout == "" and "Traceback" not in result.stderr
+    assert "cannot write into %s" % not_a_dir in result.stderr and "pass --out a directory" in result.stderr
+    assert not_a_dir.read_text() == "x"
