@@ -32,19 +32,24 @@ def _char_device(path):
 
 def check_gres(ctx):
     """Every File= of gres.conf for this node exists as a character device; counts agree with the site."""
-    if ctx.gres is None:
-        return Check("devices.gres", GROUP, NOT_PRESENT, "no gres.conf at %s" % ctx.gres_conf,
+    name, group = ctx.node_group()
+    expected = group is not None and group.vendor and group.count
+    files = [f for line in ctx.gres or [] for f in line.files]
+    if not files:
+        summary = ("no gres.conf at %s" % ctx.gres_conf if ctx.gres is None
+                   else "gres.conf has no device files for node %s" % ctx.node)
+        if expected:  # the site gives this node accelerators that Slurm would never hand out
+            return Check("devices.gres", GROUP, FAIL, "%s, but node group %s of the site configuration has %d %s "
+                         "accelerators" % (summary, name, group.count, group.vendor),
+                         "deploy the gres.conf that `slurmbox config render` writes to %s" % ctx.gres_conf)
+        return Check("devices.gres", GROUP, NOT_PRESENT, summary,
                      "none, unless this node has accelerators: then deploy the gres.conf from "
                      "`slurmbox config render`")
-    files = [f for line in ctx.gres for f in line.files]
-    if not files:
-        return Check("devices.gres", GROUP, NOT_PRESENT, "gres.conf has no device files for node %s" % ctx.node)
     missing = [f for f in files if not _char_device(f)]
     if missing:
         return Check("devices.gres", GROUP, FAIL, "%d of %d gres.conf device files are missing or not character "
                      "devices: %s" % (len(missing), len(files), ", ".join(missing[:8])),
                      "load the accelerator driver (device nodes appear with it) or fix File= in %s" % ctx.gres_conf)
-    _, group = ctx.node_group()
     if group is not None and group.count and len(files) != group.count:
         return Check("devices.gres", GROUP, FAIL, "gres.conf lists %d device files for %s but the site "
                      "configuration says %d" % (len(files), ctx.node, group.count),

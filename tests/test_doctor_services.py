@@ -143,3 +143,32 @@ def test_a_sandbox_that_does_not_start_fails_with_a_debugging_step(tmp_path):
     assert start.status == FAIL and "exit 128" in start.summary and "cannot open /dev/net/tun" in start.summary
     assert "--debug-log" in start.action and "--platform=ptrace" in start.action
     assert checks["runsc.present"].status == PASS and checks["runsc.device-proxy"].status == NOT_PRESENT
+
+
+# -- gres.conf against the site --------------------------------------------------------------
+
+def test_missing_gres_conf_fails_where_the_site_gives_the_node_accelerators(tmp_path):
+    import os
+
+    from slurmbox.doctor.context import GresLine, gather
+    from slurmbox.doctor.device_checks import check_gres
+    from slurmbox.site_config.model import load_site_file
+
+    examples = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "site-configs")
+    hgx = os.path.join(examples, "hgx-h100-h200-spot.yaml")
+    no_probes = {"nvidia": None, "amd": None, "rdma": None}
+    ctx = gather(node="hgx-h100-001", slurm_conf=str(tmp_path / "slurm.conf"), site_config=hgx,
+                 gres_conf=str(tmp_path / "gres.conf"), probes=no_probes)
+    check = check_gres(ctx)
+    assert check.status == FAIL and "no gres.conf at %s" % (tmp_path / "gres.conf") in check.summary
+    assert "node group h100" in check.summary and "8 nvidia" in check.summary
+    assert "slurmbox config render" in check.action
+
+    ctx.gres = [GresLine("gpu", "h100", [])]  # gres.conf lines for other nodes only
+    assert check_gres(ctx).status == FAIL and "no device files for node hgx-h100-001" in check_gres(ctx).summary
+
+    cpu_only = gather(node="cpu-001", slurm_conf=str(tmp_path / "slurm.conf"),
+                      site_config=os.path.join(examples, "mixed-h200-mi300x-cpu.yaml"),
+                      gres_conf=str(tmp_path / "gres.conf"), probes=no_probes)
+    assert check_gres(cpu_only).status == NOT_PRESENT  # no accelerators here: nothing to deploy
+    assert load_site_file(hgx).node_groups["h100"].count == 8
