@@ -98,7 +98,8 @@ def test_show_prints_the_compiled_policy():
 
 @pytest.mark.parametrize("args", [("config",), ("config", "validate"), ("config", "render"), ("config", "show"),
                                   ("doctor",), ("sandbox",), ("sandbox", "ls"), ("sandbox", "inspect"),
-                                  ("sandbox", "kill")])
+                                  ("sandbox", "kill"), ("plugin",), ("plugin", "install"), ("dev-cluster",),
+                                  ("dev-cluster", "up"), ("dev-cluster", "down"), ("dev-cluster", "status")])
 def test_every_command_has_help_with_examples(args):
     result = slurmbox(*args, "--help")
     assert result.returncode == 0 and "Examples:" in result.stdout
@@ -113,3 +114,40 @@ def test_render_into_a_path_that_is_not_a_directory_says_what_to_do(tmp_path):
     assert result.returncode != 0 and result.stdout == "" and "Traceback" not in result.stderr
     assert "cannot write into %s" % not_a_dir in result.stderr and "pass --out a directory" in result.stderr
     assert not_a_dir.read_text() == "x"
+
+
+def test_dev_cluster_up_boots_from_rendered_files(tmp_path, monkeypatch):
+    """`dev-cluster up --rendered DIR` hands the rendered files to the cluster as they are."""
+    from click.testing import CliRunner
+
+    from slurmbox.cli.main import cli
+    from slurmbox.dev_cluster import cluster as cluster_module
+
+    site = os.path.join(EXAMPLES_DIR, "mi300x-rocm.yaml")
+    out = tmp_path / "rendered"
+    assert slurmbox("config", "render", site, "--out", str(out)).returncode == 0
+    made = {}
+
+    class FakeCluster:
+        def __init__(self, directory, nodes, gpus_per_node, subnet, prefix, nodes_conf=None, extra_files=None):
+            made.update(directory=directory, nodes_conf=nodes_conf, extra_files=extra_files)
+            self.node_names = ["n1", "n2"]
+
+        def up(self):
+            return "/x/etc/slurm.conf"
+
+    monkeypatch.setattr(cluster_module, "DevCluster", FakeCluster)
+    result = CliRunner().invoke(cli, ["dev-cluster", "up", "--rendered", str(out), "--site-config", site,
+                                      "--dir", str(tmp_path / "c")])
+    assert result.exit_code == 0, result.output
+    assert "export SLURM_CONF=/x/etc/slurm.conf" in result.output
+    assert made["nodes_conf"] == (out / "slurm-nodes.conf").read_text()
+    expected = {name: (out / name).read_text() for name in ("gres.conf", "cgroup.conf", "plugstack.conf")}
+    expected["site.yaml"] = open(site).read()
+    assert made["extra_files"] == expected  # no topology.conf was rendered, none is passed
+
+    (out / "slurm-nodes.conf").unlink()
+    missing = CliRunner().invoke(cli, ["dev-cluster", "up", "--rendered", str(out), "--dir", str(tmp_path / "c")])
+    assert missing.exit_code != 0 and "run 'slurmbox config render FILE --out" in missing.output
+    alone = CliRunner().invoke(cli, ["dev-cluster", "up", "--site-config", site, "--dir", str(tmp_path / "c")])
+    assert alone.exit_code == 2 and "--site-config goes with --rendered" in alone.output
