@@ -7,9 +7,10 @@ write and read of the same number of bytes to the same file system:
 
 - checkpoint = ``runsc checkpoint`` into a slurmbox CheckpointStore + publish
   (sha256 and fsync of every file, manifest, atomic rename);
-- restore = verify (sha256 against the manifest) + ``runsc restore --detach``
-  until the sandbox runs, with the image evicted from the page cache first
-  (posix_fadvise DONTNEED), as on a node that did not write it;
+- restore = verify (chunked sha256 against the manifest) + ``runsc restore
+  --detach`` (with the flags slurmbox passes: ``--direct`` for an image
+  written with it) until the sandbox runs, with the image evicted from the
+  page cache first (posix_fadvise DONTNEED), as on a node that did not write it;
 - plain write = write + fsync of the same bytes; plain read = cold read of them.
 
 Runs alternate which of the two goes first (see throughput); use an even
@@ -105,7 +106,7 @@ def plain_read(path):
 
 def one_sandbox(prefix, work, store, megabytes, index, direct=None):
     """(checkpoint s, runsc part s, restore s, verify part s, image bytes) for one sandbox."""
-    from slurmbox.migrate.runsc_checkpoint import checkpoint_sandbox
+    from slurmbox.migrate.runsc_checkpoint import checkpoint_features, checkpoint_sandbox, restore_flags
 
     bundle = os.path.join(work, "bundle-%d" % megabytes)
     spec = write_bundle(bundle, megabytes)
@@ -125,15 +126,16 @@ def one_sandbox(prefix, work, store, megabytes, index, direct=None):
         image = sum(f["size"] for f in ckpt.manifest["files"])
         for entry in ckpt.manifest["files"]:
             evict(os.path.join(ckpt.path, entry["name"]))
+        flags = restore_flags(checkpoint_features(prefix[0], os.path.join(work, "state")), ckpt.manifest)
         start = time.perf_counter()
-        verdict = store.verify(ckpt)
+        verdict = store.verify(ckpt, direct="--direct" in flags)  # as slurmbox.migrate.restore does
         verify_s = time.perf_counter() - start
         if not verdict.valid:
             raise RuntimeError("benchmark checkpoint does not verify: %s" % verdict.problems)
         # Detached: runsc returns once the sandbox runs. Its stdio goes to a file of ours (never
         # /dev/null, which runsc would re-own; never a pipe, which the sandbox would keep open).
         with open(os.path.join(work, "restore-%d.log" % megabytes), "w+") as log:
-            restored = subprocess.run(prefix + ["restore", "--detach", "--image-path", ckpt.path,
+            restored = subprocess.run(prefix + ["restore", "--detach", *flags, "--image-path", ckpt.path,
                                                 "--bundle", bundle, cid], stdin=log, stdout=log, stderr=log)
             restore_s = time.perf_counter() - start
             log.seek(0)
@@ -199,9 +201,10 @@ def throughput(sizes, runs, directory, binary=None, compression="none", direct=N
                      mb / med["write"], med["write"] / med["ckpt"], med["restore"], med["verify"], mb / med["restore"],
                      med["read"], mb / med["read"], med["read"] / med["restore"], med["ckpt"] / med["restore"]),
                   flush=True)
-        print("runsc %s, checkpoint flags %s, image compression %s; load average now %s"
+        print("runsc %s, checkpoint flags %s, image compression %s, image digest %s; load average now %s"
               % (described["version"], " ".join(described["checkpoint_flags"]) or "(none)",
-                 described["image_compression"], " ".join("%.2f" % x for x in os.getloadavg())), flush=True)
+                 described["image_compression"], described.get("image_digest"),
+                 " ".join("%.2f" % x for x in os.getloadavg())), flush=True)
         return rows
     finally:
         shutil.rmtree(work, ignore_errors=True)

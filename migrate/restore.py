@@ -58,7 +58,7 @@ def select_checkpoint(store, job, step, uid, script_sha256=None, command_sha256=
     of this node's runsc), a checkpoint written by another runsc release is skipped
     (gVisor restores only its own release's images), before its files are read.
     """
-    from slurmbox.migrate.runsc_checkpoint import restore_problem
+    from slurmbox.migrate.runsc_checkpoint import restore_flags, restore_problem
 
     selection = Selection()
     for ckpt in store.checkpoints(job, step):
@@ -69,7 +69,9 @@ def select_checkpoint(store, job, step, uid, script_sha256=None, command_sha256=
         if release:
             selection.skipped.append((ckpt, [release]))
             continue
-        verdict = store.verify(ckpt, uid=uid)
+        # Read the way runsc restore will: O_DIRECT for an image it reads with --direct, else through
+        # the page cache, which the verification leaves filled for it.
+        verdict = store.verify(ckpt, uid=uid, direct="--direct" in restore_flags(runsc_features, ckpt.manifest))
         recorded = (ckpt.manifest or {}).get("batch_script_sha256")
         if script_sha256 and recorded and recorded != script_sha256:
             verdict.problems.append("taken of a different batch script (job id %s reused?)" % job)

@@ -38,6 +38,7 @@ import re
 import subprocess
 import time
 
+from slurmbox.migrate import image_digest
 from slurmbox.migrate.store import IMAGE_COMPRESSIONS, CheckpointError
 
 #: Image compression of runsc builds without a ``-compression`` flag: gVisor's statefile
@@ -50,6 +51,15 @@ _FLAG_LINE = re.compile(r"^  -{1,2}([A-Za-z0-9][A-Za-z0-9_.-]*)(?:[ \t]+(\S+))?[
 _VALUES = re.compile(r"Values:\s*([A-Za-z0-9_.-]+(?:\|[A-Za-z0-9_.-]+)+)")
 _DEFAULT = re.compile(r"\(default ([^)]*)\)")
 _memo = {}
+#: runsc releases (``runsc --version``) seen with strace to write every checkpoint image file
+#: front to back with write(2), once: their images are hashed while runsc writes them
+#: (image_digest.ImageFollower) unless runsc writes with ``-direct``; other images are read
+#: back after runsc exits. tests/test_runsc_checkpoint_flags.py checks the installed runsc's
+#: followed digests against a read-back. Measured with benchmarks/checkpoint_throughput.py:
+#: the 2022 build (flate, through the page cache) is hashed by the time runsc exits; the 2024
+#: build with ``-direct`` writes its pages file in a few writes of hundreds of MB at the end,
+#: and reading it while it is written slowed the checkpoint 2x, so it is read back.
+SEQUENTIAL_IMAGE_WRITERS = ("0.0~20221219.0", "0.0~20240729.0")
 
 
 class CheckpointFailed(CheckpointError):
@@ -84,7 +94,8 @@ def parse_checkpoint_help(text):
 def checkpoint_features(runsc, cache_dir=None):
     """What ``runsc checkpoint`` of the binary at ``runsc`` (path) supports.
 
-    Returns ``{"key": str, "version": str, "flags": parse_checkpoint_help(...)}``.
+    Returns ``{"key": str, "version": str, "flags": parse_checkpoint_help(...),
+    "restore_flags": the same for ``runsc restore --help``}``.
     Cached in ``cache_dir``/runsc-checkpoint-flags.json when ``cache_dir`` is
     given (else in this process), keyed by the binary's path, size and mtime.
     Raises CheckpointError when the binary cannot be run.
@@ -101,7 +112,7 @@ def checkpoint_features(runsc, cache_dir=None):
         try:
             with open(cache) as handle:
                 data = json.load(handle)
-            if data.get("key") == key:
+            if data.get("key") == key and "restore_flags" in data:
                 _memo[key] = data
                 return data
         except (OSError, ValueError):
@@ -110,13 +121,16 @@ def checkpoint_features(runsc, cache_dir=None):
         # input="": runsc is given pipes, never our stdin or /dev/null (it re-owns the stdio of sandboxes)
         listing = subprocess.run([runsc, "checkpoint", "--help"], capture_output=True, text=True, check=False,
                                  input="", timeout=60)
+        restore_listing = subprocess.run([runsc, "restore", "--help"], capture_output=True, text=True,
+                                         check=False, input="", timeout=60)
         version = subprocess.run([runsc, "--version"], capture_output=True, text=True, check=False,
                                  input="", timeout=60).stdout
     except (OSError, subprocess.TimeoutExpired) as err:
         raise CheckpointError("cannot run %s to read its checkpoint flags: %s" % (runsc, err))
     first = version.splitlines()[0] if version.strip() else "unknown"
     data = {"key": key, "version": first.replace("runsc version ", "").strip(),
-            "flags": parse_checkpoint_help(listing.stdout + listing.stderr)}
+            "flags": parse_checkpoint_help(listing.stdout + listing.stderr),
+            "restore_flags": parse_checkpoint_help(restore_listing.stdout + restore_listing.stderr)}
     _memo[key] = data
     if cache:
         try:
@@ -179,7 +193,10 @@ def checkpoint_sandbox(prefix, container_id, pending, manifest_fields, spec, ext
     the store's file system takes O_DIRECT (PendingCheckpoint.direct_io_ok).
     The image compression is the store's
     (``pending.store.compression``). The manifest's ``runsc`` entry gets
-    ``version``, ``checkpoint_flags`` and ``image_compression``. Returns
+    ``version``, ``checkpoint_flags``, ``image_compression`` and
+    ``image_digest``: "while-written" when the image files were hashed as
+    runsc wrote them (runsc releases in SEQUENTIAL_IMAGE_WRITERS, without
+    ``-direct``; image_digest.ImageFollower), else "read-back". Returns
     (Checkpoint, seconds the runsc checkpoint took). Raises CheckpointFailed
     when runsc fails (the partial image is removed), CheckpointError when the
     compression setting cannot be honoured (nothing was stopped) and store
@@ -194,10 +211,28 @@ def checkpoint_sandbox(prefix, container_id, pending, manifest_fields, spec, ext
     except CheckpointError:
         pending.abort()
         raise
+    follower = None
+    if features.get("version") in SEQUENTIAL_IMAGE_WRITERS and "--direct" not in flags:
+        follower = image_digest.ImageFollower(pending.image_dir)
+        follower.start()
     started = time.monotonic()
-    result = subprocess.run(checkpoint_argv(prefix, pending.image_dir, container_id, flags),
-                            capture_output=True, text=True, check=False)
+    try:
+        result = subprocess.run(checkpoint_argv(prefix, pending.image_dir, container_id, flags),
+                                capture_output=True, text=True, check=False)
+    except BaseException:
+        if follower is not None:
+            follower.stop()
+        raise
     took = time.monotonic() - started
+    digests = {}
+    if follower is not None:
+        if result.returncode != 0:
+            follower.stop()
+        else:
+            try:
+                digests = follower.finish()
+            except OSError:
+                digests = {}  # publish reads the files back instead
     if result.returncode != 0:
         pending.abort()
         detail = (result.stderr or result.stdout).strip().splitlines()
@@ -205,14 +240,31 @@ def checkpoint_sandbox(prefix, container_id, pending, manifest_fields, spec, ext
                                                                           detail[-1] if detail else "no message"))
     fields = dict(manifest_fields)
     fields["runsc"] = dict(fields.get("runsc") or runsc_description(prefix), version=features.get("version"),
-                           checkpoint_flags=flags, image_compression=compression)
+                           checkpoint_flags=flags, image_compression=compression,
+                           image_digest="while-written" if digests else "read-back")
     fields.setdefault("runsc_checkpoint_s", round(took, 3))
-    return pending.publish(fields, spec, direct_read="--direct" in flags), took
+    return pending.publish(fields, spec, direct_read="--direct" in flags, digests=digests), took
 
 
-def restore_argv(prefix, image_dir, bundle_dir, container_id):
-    """The ``runsc restore`` command line (list) for a checkpoint image directory."""
-    return prefix + ["restore", "--image-path", image_dir, "--bundle", bundle_dir, container_id]
+def restore_argv(prefix, image_dir, bundle_dir, container_id, flags=()):
+    """The ``runsc restore`` command line (list) for a checkpoint image directory, with ``flags`` (restore_flags)."""
+    return prefix + ["restore", *flags, "--image-path", image_dir, "--bundle", bundle_dir, container_id]
+
+
+def restore_flags(features, manifest):
+    """``runsc restore`` flags (list) for a checkpoint with ``manifest`` (dict) on the runsc of ``features``.
+
+    ``--direct`` (O_DIRECT reads of the pages file) where this runsc's
+    restore has it and the image was written with ``--direct``: measured
+    with benchmarks/checkpoint_throughput.py on the 2024 build, restoring
+    1 GB of memory took ~0.7 s that way and ~2.3 s through the page cache.
+    slurmbox.migrate.restore verifies such images with O_DIRECT reads too.
+    ``features`` None (unknown runsc) gives no flags.
+    """
+    written = ((manifest or {}).get("runsc") or {}).get("checkpoint_flags") or []
+    if features and "direct" in (features.get("restore_flags") or {}) and "--direct" in written:
+        return ["--direct"]
+    return []
 
 
 def runsc_description(prefix):

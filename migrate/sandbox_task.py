@@ -4,7 +4,9 @@ A CheckpointableTask follows one ``runsc run``/``runsc restore`` process of a
 step supervisor (slurmbox.sandbox.supervisor) and performs an *evacuation*
 when asked: by SIGTERM from a Slurm preemption (checked with slurmctld's
 ``PreemptTime``), or by a root tool over the step's control socket (spot
-notice, maintenance). An evacuation is, in ``transparent`` mode: runsc
+notice, maintenance), or, for a rank of a multi-node srun step, by SIGTERM
+with a request from the rank whose node is being evacuated
+(slurmbox.migrate.step_checkpoint.request_peers). An evacuation is, in ``transparent`` mode: runsc
 checkpoint into the store (this stops the sandbox), publish, ``scontrol
 requeue``; in ``signal`` mode: send the program its checkpoint signal, wait
 for it to exit, ``scontrol requeue``. If the requeue is refused after a good
@@ -22,8 +24,9 @@ import threading
 import time
 
 from slurmbox.migrate import triggers
-from slurmbox.migrate.runsc_checkpoint import CheckpointFailed, checkpoint_sandbox, restore_argv, runsc_description
-from slurmbox.migrate.step_checkpoint import before_requeue
+from slurmbox.migrate.runsc_checkpoint import (CheckpointFailed, checkpoint_sandbox, restore_argv, restore_flags,
+                                               runsc_description)
+from slurmbox.migrate.step_checkpoint import before_requeue, peer_request, request_peers
 from slurmbox.migrate.store import CheckpointError
 from slurmbox.slurm_client import scontrol
 
@@ -48,6 +51,8 @@ class Evacuation:
         self.checkpoint = None
         self.signalled = False
         self.interrupted = None  # a signal from Slurm that arrived during a periodic checkpoint
+        self.from_peer = False  # asked by another rank of a multi-node srun step (step_checkpoint.request_peers)
+        self.peers_asked = 0  # how many other ranks this evacuation asked to checkpoint too
 
     def finish(self, outcome, message=""):
         """Record the outcome and wake every waiter."""
@@ -170,12 +175,28 @@ class CheckpointableTask:
             self.sup.say(None, "cannot ask slurmctld whether SIGTERM is a preemption (%s); passing it on" % err)
             preempted = False
         if not preempted:
+            reason = self._peer_request()
+            if reason:  # another rank's node is being evacuated (spot notice, maintenance): checkpoint too
+                evacuation.reason, evacuation.from_peer = reason, True
+                self._evacuate(evacuation)
+                return
             with self.lock:
                 self.evacuation = None
             self._kill(signal.SIGTERM)
             evacuation.finish("forwarded")
             return
         self._evacuate(evacuation)
+
+    def _peer_request(self):
+        """The reason of another rank's request that this rank checkpoint (step_checkpoint.peer_request), or None."""
+        fields = self.sup.step_manifest
+        if not fields or fields.get("step_nodes", 1) <= 1 or self.settings.mode != "transparent":
+            return None
+        try:
+            return peer_request(self.sup.store(), self.sup.args.job, self.sup.checkpoint_step,
+                                fields["restart_count"], fields["command_sha256"])
+        except (CheckpointError, OSError):
+            return None
 
     def evacuate(self, reason, wait=True):
         """Evacuate for ``reason`` (control socket); returns the Evacuation's answer dict."""
@@ -222,6 +243,8 @@ class CheckpointableTask:
                          "requeued when it exits" % (evacuation.reason, self.settings.signal))
             self._kill(self.settings.signal)
             return  # decided in after_exit once the program has exited
+        if requeue:
+            evacuation.peers_asked = request_peers(self.sup, evacuation, self.err_fd)
         ckpt = None
         try:
             store = self.sup.store()
@@ -303,7 +326,9 @@ class CheckpointableTask:
             evacuation.finish("lost", "the step ended while job %s was being checkpointed" % self.sup.args.job)
             return
         subprocess.run(self.prefix + ["delete", "--force", self.sup.container_id], capture_output=True, check=False)
-        proc = subprocess.Popen(restore_argv(self.prefix, ckpt.path, self.sup.bundle_dir, self.sup.container_id),
+        flags = restore_flags(self.sup._runsc_features(), ckpt.manifest)
+        proc = subprocess.Popen(restore_argv(self.prefix, ckpt.path, self.sup.bundle_dir, self.sup.container_id,
+                                             flags),
                                 stdin=self.child_fds[0], stdout=self.child_fds[1], stderr=self.child_fds[2],
                                 close_fds=True, start_new_session=True)
         self.proc = proc

@@ -14,7 +14,7 @@ Layout under the store root (a directory on a file system every node sees)::
 
 A checkpoint is published by writing every file into the temporary
 directory, fsync()ing each file, writing ``manifest.json`` (files with sizes
-and sha256), fsync()ing the directory, renaming it to ``ckpt-<seq>`` and
+and SHA-256 digests), fsync()ing the directory, renaming it to ``ckpt-<seq>`` and
 fsync()ing the parent: rename(2) is atomic, so a writer killed halfway leaves
 only a ``.tmp-*`` directory, which readers ignore and ``gc`` removes. Only
 root writes; the job's user may read (slurmbox.migrate.acl).
@@ -28,17 +28,19 @@ import hashlib
 import json
 import mmap
 import os
-import queue
 import re
 import shutil
 import threading
 import time
 from dataclasses import dataclass, field
 
-from slurmbox.migrate import acl
+from slurmbox.migrate import acl, image_digest
 
-#: Manifest format version written by this module.
-MANIFEST_FORMAT = 1
+#: Manifest format version written by this module: 2 records each file's ``chunk_sha256``
+#: (slurmbox.migrate.image_digest) and the manifest's ``chunk_bytes``; 1 recorded one
+#: whole-file ``sha256`` per file. Both are read and verified.
+MANIFEST_FORMAT = 2
+READABLE_FORMATS = (1, 2)
 MANIFEST = "manifest.json"
 SPEC = "spec.json"
 _CKPT = re.compile(r"^ckpt-(\d{6,})$")
@@ -106,72 +108,11 @@ def _fsync_dir(path):
         os.close(fd)
 
 
-#: Read size of _sha256_direct (bytes; a multiple of any logical block size O_DIRECT needs).
-DIRECT_CHUNK = 8 << 20
+def file_sha256(path, fsync=False):
+    """(size in bytes, sha256 hex) of the whole file at ``path``; with ``fsync`` also flush it to disk.
 
-
-def _sha256_direct(path):
-    """(size, sha256 hex) of ``path`` read with O_DIRECT (open(2)) by a reader thread while this one hashes.
-
-    For files runsc wrote with O_DIRECT (``runsc checkpoint -direct``): read
-    back right after such a write, page-cache reads ran at ~550 MB/s on this
-    project's VMs and O_DIRECT ones at ~1.2 GB/s (benchmarks/checkpoint_throughput.py).
-    Raises OSError (EINVAL where the file system refuses O_DIRECT).
+    Raises OSError when the file cannot be read.
     """
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_DIRECT)
-    buffers = [mmap.mmap(-1, DIRECT_CHUNK) for _ in range(3)]  # page-aligned, as O_DIRECT requires
-    free, full, failed = queue.Queue(), queue.Queue(), []
-    for buf in buffers:
-        free.put(buf)
-
-    def reader():
-        try:
-            while True:
-                buf = free.get()
-                if buf is None:  # the hashing side gave up
-                    return
-                count = os.readv(fd, [buf])
-                full.put((buf, count))
-                if not count:
-                    return
-        except OSError as err:  # e.g. EINVAL after a short read left the offset unaligned
-            failed.append(err)
-            full.put((None, 0))
-
-    thread = threading.Thread(target=reader, name="checkpoint-hash", daemon=True)
-    thread.start()
-    digest, size = hashlib.sha256(), 0
-    try:
-        while True:
-            buf, count = full.get()
-            if buf is None or not count:
-                break
-            with memoryview(buf) as view:
-                digest.update(view[:count])
-            size += count
-            free.put(buf)
-    finally:
-        free.put(None)
-        thread.join()
-        os.close(fd)
-        for buf in buffers:
-            buf.close()
-    if failed:
-        raise failed[0]
-    return size, digest.hexdigest()
-
-
-def file_sha256(path, fsync=False, direct=False):
-    """(size in bytes, sha256 hex) of the file at ``path``; with ``fsync`` also flush it to disk.
-
-    ``direct``: read it with O_DIRECT (see _sha256_direct), falling back to
-    ordinary reads where that fails. Raises OSError when the file cannot be read.
-    """
-    if direct and not fsync:
-        try:
-            return _sha256_direct(path)
-        except OSError:
-            pass
     with open(path, "rb") as handle:
         digest = hashlib.file_digest(handle, "sha256").hexdigest()
         if fsync:
@@ -255,14 +196,20 @@ class PendingCheckpoint:
             except OSError:
                 pass
 
-    def publish(self, manifest_fields, spec=None, direct_read=False):
+    def publish(self, manifest_fields, spec=None, direct_read=False, digests=None):
         """Hash, fsync and atomically publish the files in ``image_dir``.
 
         ``manifest_fields``: dict merged into the manifest (node, runsc,
         reason, ...); ``spec``: the OCI spec (dict) saved as ``spec.json``,
-        whose sha256 is recorded as ``spec_sha256``; ``direct_read``: hash
-        the files with O_DIRECT reads (runsc wrote them with O_DIRECT, so
-        they are not in the page cache). Returns the Checkpoint.
+        whose sha256 is recorded as ``spec_sha256``; ``direct_read``: read
+        the files back with O_DIRECT (runsc wrote them with O_DIRECT: right
+        after such a write, O_DIRECT reads were ~20% faster here than
+        page-cache reads, benchmarks/checkpoint_throughput.py). Each file's ``size`` and
+        ``chunk_sha256`` (slurmbox.migrate.image_digest) go in the manifest;
+        ``digests``: ``{name: FileDigest}`` already taken while the files
+        were written (image_digest.ImageFollower), used where its size is
+        the file's size now; the other files are read back and hashed.
+        Returns the Checkpoint.
         Raises StoreFull when the file system is out of space (the partial
         checkpoint is removed) and CheckpointError for other failures.
         """
@@ -273,22 +220,29 @@ class PendingCheckpoint:
             names = [name for name in sorted(os.listdir(self.image_dir)) if name != MANIFEST
                      and os.path.isfile(os.path.join(self.image_dir, name))
                      and not os.path.islink(os.path.join(self.image_dir, name))]
-            # Flush the files to disk while hashing them: fsync(2) waits on the disk, hashing on a CPU.
-            syncer = _Syncer([os.path.join(self.image_dir, name) for name in names])
-            files = []
-            for name in names:
-                path = os.path.join(self.image_dir, name)
-                size, digest = file_sha256(path, direct=direct_read)
-                files.append({"name": name, "size": size, "sha256": digest})
+            paths = [os.path.join(self.image_dir, name) for name in names]
+            # Flush the files to disk while hashing them: fsync(2) waits on the disk, hashing on the CPUs.
+            syncer = _Syncer(paths)
+            known = {name: digest for name, digest in (digests or {}).items()
+                     if digest.chunk_bytes == image_digest.CHUNK_BYTES
+                     and os.path.getsize(os.path.join(self.image_dir, name)) == digest.size}
+            unknown = [name for name in names if name not in known]
+            read_back = image_digest.digest_files([os.path.join(self.image_dir, name) for name in unknown],
+                                                  direct=direct_read)
+            known.update(zip(unknown, read_back))
+            files = [{"name": name, "size": known[name].size, "chunk_sha256": list(known[name].chunk_sha256)}
+                     for name in names]
+            for path in paths:
                 self.store.restrict(path, self.uid)
             syncer.wait()
             if not any(f["name"] != SPEC for f in files):
                 raise CheckpointError("runsc wrote no image files into %s" % self.image_dir)
             manifest = {"format": MANIFEST_FORMAT, "job": self.job, "step": self.step, "seq": self.seq,
                         "uid": self.uid, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                        "unix_time": time.time(), "parent": self.parent, "files": files}
-            if spec is not None:
-                manifest["spec_sha256"] = next(f["sha256"] for f in files if f["name"] == SPEC)
+                        "unix_time": time.time(), "parent": self.parent, "files": files,
+                        "chunk_bytes": image_digest.CHUNK_BYTES}
+            if spec is not None:  # spec.json is one chunk: its digest is the file's sha256
+                manifest["spec_sha256"] = next(f["chunk_sha256"][0] for f in files if f["name"] == SPEC)
             for key, value in manifest_fields.items():
                 manifest.setdefault(key, value)
             manifest_path = os.path.join(self.image_dir, MANIFEST)
@@ -381,6 +335,30 @@ class CheckpointStore:
                     raise CheckpointError("%s is not a root-owned directory; remove it" % path)
             self.restrict(path, uid)
 
+    def write_private(self, job, step, name, data, uid):
+        """Write ``data`` (bytes) as file ``name`` in (``job``, ``step``)'s directory, readable by root only.
+
+        For coordination files (a name starting with "." is never listed as
+        a checkpoint or step). Written to a temporary name, fsync()ed and
+        renamed. Raises CheckpointError for a bad name or store, OSError when
+        the file cannot be written.
+        """
+        if not name.startswith(".") or "/" in name or name in (".", "..") or name.startswith(".tmp-"):
+            raise CheckpointError("coordination file name %r must start with '.' and be a plain name" % name)
+        self._ensure_dirs(job, step, uid)
+        path = os.path.join(self.step_dir(job, step), name)
+        tmp = "%s.%d.%s" % (path, os.getpid(), os.urandom(4).hex())
+        try:
+            PendingCheckpoint._write(tmp, data)
+            os.replace(tmp, path)
+        except OSError:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        return path
+
     def restrict(self, path, uid):
         """Root plus user ``uid`` (read only) on ``path``; on a file system without ACLs,
         root only, with the reason kept in ``self.warnings``."""
@@ -433,7 +411,7 @@ class CheckpointStore:
         try:
             with open(os.path.join(path, MANIFEST)) as handle:
                 manifest = json.load(handle)
-            if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
+            if not isinstance(manifest, dict) or manifest.get("format") not in READABLE_FORMATS:
                 ckpt.manifest_error = "unknown manifest format"
             else:
                 ckpt.manifest = manifest
@@ -473,11 +451,16 @@ class CheckpointStore:
         except FileNotFoundError:
             return []
 
-    def verify(self, ckpt, uid=None):
-        """Check ``ckpt`` against its manifest: job/step/uid, every file's size and sha256.
+    def verify(self, ckpt, uid=None, direct=False):
+        """Check ``ckpt`` against its manifest: job/step/uid, every file's size and SHA-256 digests.
 
         ``uid``: when given, the manifest's user must match (a checkpoint of a
-        job id reused by another user is never restored). Returns a Verification.
+        job id reused by another user is never restored). ``direct``: read
+        the files with O_DIRECT (for a restore that reads them with O_DIRECT
+        too; otherwise these reads leave the image in the page cache for it).
+        Files of a format-2 manifest are hashed chunk by chunk on every CPU
+        (slurmbox.migrate.image_digest); a mismatch names the bad byte range.
+        Returns a Verification.
         """
         result = Verification(ckpt)
         manifest = ckpt.manifest
@@ -491,23 +474,56 @@ class CheckpointStore:
         files = manifest.get("files") or []
         if not files:
             result.problems.append("manifest lists no files")
+        chunked = []
         for entry in files:
             name = str(entry.get("name", ""))
             path = os.path.join(ckpt.path, name)
             if "/" in name or name in ("", ".", "..") or not os.path.isfile(path):
                 result.problems.append("%s is missing" % name)
-                continue
-            try:
-                size, digest = file_sha256(path)
-            except OSError as err:
-                result.problems.append("%s unreadable (%s)" % (name, err.strerror))
-                continue
-            if size != entry.get("size"):
-                result.problems.append("%s has %d bytes, manifest says %s (truncated or grown)"
-                                       % (name, size, entry.get("size")))
-            elif digest != entry.get("sha256"):
-                result.problems.append("%s sha256 mismatch (corrupted)" % name)
+            elif isinstance(entry.get("chunk_sha256"), list):
+                chunked.append((name, path, entry))
+            else:
+                self._verify_whole(result, name, path, entry)
+        if chunked:
+            self._verify_chunked(result, manifest, chunked, direct)
         return result
+
+    @staticmethod
+    def _verify_whole(result, name, path, entry):
+        """Format 1: one sha256 of the whole file."""
+        try:
+            size, digest = file_sha256(path)
+        except OSError as err:
+            result.problems.append("%s unreadable (%s)" % (name, err.strerror))
+            return
+        if size != entry.get("size"):
+            result.problems.append("%s has %d bytes, manifest says %s (truncated or grown)"
+                                   % (name, size, entry.get("size")))
+        elif digest != entry.get("sha256"):
+            result.problems.append("%s sha256 mismatch (corrupted)" % name)
+
+    @staticmethod
+    def _verify_chunked(result, manifest, chunked, direct):
+        """Format 2: ``chunk_sha256`` of every file, hashed together on every CPU."""
+        chunk_bytes = manifest.get("chunk_bytes")
+        if not isinstance(chunk_bytes, int) or chunk_bytes <= 0 or chunk_bytes % image_digest.READ_BYTES:
+            result.problems.append("manifest has no usable chunk_bytes (%r)" % (chunk_bytes,))
+            return
+        try:
+            digests = image_digest.digest_files([path for _, path, _ in chunked], chunk_bytes, direct=direct)
+        except OSError as err:
+            result.problems.append("image files unreadable (%s)" % err.strerror)
+            return
+        for (name, _, entry), digest in zip(chunked, digests):
+            if digest.size != entry.get("size"):
+                result.problems.append("%s has %d bytes, manifest says %s (truncated or grown)"
+                                       % (name, digest.size, entry.get("size")))
+                continue
+            bad = digest.first_mismatch(entry["chunk_sha256"])
+            if bad is not None:
+                start = bad * chunk_bytes
+                result.problems.append("%s sha256 mismatch in bytes %d-%d (corrupted)"
+                                       % (name, start, min(digest.size, start + chunk_bytes) - 1))
 
     # -- removal ---------------------------------------------------------------------------
     def prune(self, job, step, keep=None):

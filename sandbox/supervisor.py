@@ -264,7 +264,7 @@ class Supervisor:
                 if settings.mode != "none":  # keep the sandbox's side of stdio for a later restore here
                     kept_fds = [os.dup(fd) for fd in relay.child_fds]
                 if restore is not None:
-                    proc, kill_args = self._restore_as_init(restore[0].path, restore[1], prefix, relay.child_fds)
+                    proc, kill_args = self._restore_as_init(restore[0], restore[1], prefix, relay.child_fds)
                     spec = restore[1]
                 else:
                     proc, kill_args = self._run_as_init(spec, prefix, relay.child_fds)
@@ -405,12 +405,13 @@ class Supervisor:
                                 stdin=fds[0], stdout=fds[1], stderr=fds[2], close_fds=True, start_new_session=True)
         return proc, pid_file
 
-    def _restore_as_init(self, image_dir, spec, prefix, fds):
-        from slurmbox.migrate.runsc_checkpoint import restore_argv
+    def _restore_as_init(self, ckpt, spec, prefix, fds):
+        from slurmbox.migrate.runsc_checkpoint import restore_argv, restore_flags
 
         bundle.apply_step_cgroup(spec, self.args.job, self.args.step, self.args.node, self.args.runtime_dir)  # ours
         self._write_json(os.path.join(self.bundle_dir, "config.json"), spec)
-        proc = subprocess.Popen(restore_argv(prefix, image_dir, self.bundle_dir, self.container_id),
+        flags = restore_flags(self._runsc_features(), ckpt.manifest)
+        proc = subprocess.Popen(restore_argv(prefix, ckpt.path, self.bundle_dir, self.container_id, flags),
                                 stdin=fds[0], stdout=fds[1], stderr=fds[2], close_fds=True, start_new_session=True)
         return proc, [self.container_id]
 

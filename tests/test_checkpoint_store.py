@@ -1,5 +1,6 @@
 """The checkpoint store, restore selection and checkpoint settings, without a cluster."""
 
+import hashlib
 import json
 import os
 import pwd
@@ -45,7 +46,9 @@ def test_published_checkpoint_has_a_complete_manifest_and_verifies(store):
     assert manifest["node"] == "n1" and manifest["uid"] == _uid() and manifest["parent"] is None
     files = {f["name"]: f for f in manifest["files"]}
     assert files["checkpoint.img"]["size"] == len(b"image-bytes" * 100)
-    assert len(files["checkpoint.img"]["sha256"]) == 64 and manifest["spec_sha256"] == files["spec.json"]["sha256"]
+    assert manifest["format"] == 2 and manifest["chunk_bytes"] == 32 << 20
+    assert files["checkpoint.img"]["chunk_sha256"] == [hashlib.sha256(b"image-bytes" * 100).hexdigest()]
+    assert manifest["spec_sha256"] == files["spec.json"]["chunk_sha256"][0]
     assert store.verify(ckpt, uid=_uid()).valid
     second = _write_checkpoint(store)
     assert second.manifest["parent"] == "ckpt-000001"

@@ -22,17 +22,19 @@ def recorded(kind, version):
 
 
 def fake_runsc(tmp_path, version, name="runsc"):
-    """A script answering ``checkpoint --help`` (on stderr, exit 128) and ``--version`` as the recorded build did,
-    counting calls,
+    """A script answering ``checkpoint --help``, ``restore --help`` (on stderr, exit 128) and ``--version`` as the
+    recorded build did, counting calls,
     and recording the argv of a real checkpoint as the image file."""
     directory = tmp_path / ("bin-%s" % version)
     directory.mkdir(exist_ok=True)
     (directory / "help.txt").write_text(recorded("checkpoint-help", version))
+    (directory / "restore-help.txt").write_text(recorded("restore-help", version))
     (directory / "version.txt").write_text(recorded("version", version))
     script = directory / name
     script.write_text(
         "#!/bin/sh\nd=$(dirname \"$0\")\necho x >> \"$d/calls\"\n"
-        "case \"$*\" in *--version*) cat \"$d/version.txt\"; exit 0;; *--help*) cat \"$d/help.txt\" >&2; exit 128;; esac\n"
+        "case \"$*\" in *--version*) cat \"$d/version.txt\"; exit 0;;\n"
+        "  *restore*--help*) cat \"$d/restore-help.txt\" >&2; exit 128;; *--help*) cat \"$d/help.txt\" >&2; exit 128;; esac\n"
         "all=\"$*\"\nwhile [ \"$1\" != --image-path ]; do shift; done\necho \"$all\" > \"$2/checkpoint.img\"\n")
     script.chmod(0o755)
     return str(script), directory / "calls"
@@ -73,6 +75,33 @@ def test_flags_for_each_build(version, compression, direct, expected_flags, expe
     assert effective == expected_effective
 
 
+@pytest.mark.parametrize("version,written,expected", [
+    (NEW, ["--compression=none", "--direct"], ["--direct"]),  # read as it was written
+    (NEW, ["--compression=none"], []),
+    (OLD, ["--direct"], []),  # the 2022 restore has no -direct
+])
+def test_restore_reads_with_o_direct_what_was_written_with_it(version, written, expected):
+    features = {"version": version, "restore_flags": rc.parse_checkpoint_help(recorded("restore-help", version))}
+    manifest = {"runsc": {"checkpoint_flags": written}}
+    assert rc.restore_flags(features, manifest) == expected
+    assert rc.restore_flags(None, manifest) == [] and rc.restore_flags(features, None) == []
+    assert rc.restore_argv(["runsc"], "/img", "/b", "c", expected) == \
+        ["runsc", "restore", *expected, "--image-path", "/img", "--bundle", "/b", "c"]
+
+
+def test_a_cache_written_before_restore_flags_were_read_is_refreshed(tmp_path):
+    rc._memo.clear()
+    binary, calls = fake_runsc(tmp_path, NEW)
+    cache = tmp_path / "cache"
+    features = rc.checkpoint_features(binary, str(cache))
+    old = dict(features)
+    del old["restore_flags"]
+    (cache / rc.FEATURES_CACHE).write_text(json.dumps(old))
+    rc._memo.clear()
+    assert rc.checkpoint_features(binary, str(cache))["restore_flags"] == features["restore_flags"]
+    assert len(calls.read_text().split()) == 6
+
+
 def test_unknown_compression_is_refused_with_the_choices():
     features = {"version": NEW, "flags": rc.parse_checkpoint_help(recorded("checkpoint-help", NEW))}
     with pytest.raises(CheckpointError, match="none, flate-best-speed"):
@@ -111,10 +140,11 @@ def test_features_are_detected_once_per_binary_and_cached(tmp_path):
     features = rc.checkpoint_features(binary, str(cache))
     assert features["version"] == "0.0~20240729.0"
     assert features["flags"]["compression"]["values"] == ["none", "flate-best-speed"]
-    assert len(calls.read_text().split()) == 2  # checkpoint --help and --version
+    assert features["restore_flags"]["direct"]["type"] == "bool"
+    assert len(calls.read_text().split()) == 3  # checkpoint --help, restore --help and --version
     rc._memo.clear()  # a new process: the file cache answers
     assert rc.checkpoint_features(binary, str(cache)) == features
-    assert len(calls.read_text().split()) == 2
+    assert len(calls.read_text().split()) == 3
     with open(cache / rc.FEATURES_CACHE) as handle:
         assert json.load(handle)["key"].startswith(binary + ":")
 
@@ -131,7 +161,7 @@ def test_cache_is_invalidated_when_the_binary_changes(tmp_path):
     (tmp_path / ("bin-%s" % OLD) / "help.txt").write_text(recorded("checkpoint-help", NEW))
     rc._memo.clear()
     assert rc.checkpoint_features(binary, cache)["flags"]["compression"]["default"] == "flate-best-speed"
-    assert len(calls.read_text().split()) == 4
+    assert len(calls.read_text().split()) == 6
 
 
 def test_missing_binary_is_a_clear_error(tmp_path):
@@ -219,8 +249,8 @@ def test_publish_flushes_and_hashes_every_file(tmp_path, monkeypatch):
             handle.write(blob)
     ckpt = pending.publish({})
     files = {f["name"]: f for f in ckpt.manifest["files"]}
-    assert {n: (f["size"], f["sha256"]) for n, f in files.items()} == {
-        n: (len(b), hashlib.sha256(b).hexdigest()) for n, b in blobs.items()}
+    assert {n: (f["size"], f["chunk_sha256"]) for n, f in files.items()} == {  # each is one 32 MiB chunk
+        n: (len(b), [hashlib.sha256(b).hexdigest()]) for n, b in blobs.items()}
     for name in blobs:  # flushed under its temporary name, before the rename
         assert os.path.join(pending.image_dir, name) in synced
 
@@ -242,38 +272,6 @@ def test_publish_failure_of_fsync_removes_the_partial_checkpoint(tmp_path, monke
     with pytest.raises(StoreFull, match="is full"):
         pending.publish({})
     assert not os.path.exists(pending.image_dir) and store.checkpoints("9", "batch") == []
-
-
-@pytest.mark.parametrize("size", [0, 1, 4096, 5000, 8 << 20, (8 << 20) + 1, (17 << 20) + 123])
-def test_direct_hash_matches_sha256(tmp_path, size):
-    import hashlib
-
-    from slurmbox.migrate.store import file_sha256
-
-    blob = os.urandom(size)
-    path = tmp_path / "pages.img"
-    path.write_bytes(blob)
-    assert file_sha256(str(path), direct=True) == (size, hashlib.sha256(blob).hexdigest())
-    assert file_sha256(str(path)) == (size, hashlib.sha256(blob).hexdigest())
-
-
-def test_direct_hash_falls_back_when_o_direct_is_refused(tmp_path, monkeypatch):
-    import errno
-    import hashlib
-
-    from slurmbox.migrate import store as store_module
-
-    real_open = os.open
-
-    def no_direct(path, flags, *args):
-        if flags & os.O_DIRECT:
-            raise OSError(errno.EINVAL, "Invalid argument")
-        return real_open(path, flags, *args)
-
-    monkeypatch.setattr(os, "open", no_direct)
-    path = tmp_path / "pages.img"
-    path.write_bytes(b"abc" * 1000)
-    assert store_module.file_sha256(str(path), direct=True) == (3000, hashlib.sha256(b"abc" * 1000).hexdigest())
 
 
 def test_restore_problem_names_both_versions():
@@ -369,6 +367,9 @@ def test_real_checkpoint_and_restore_continue_the_count(tmp_path, binary):
                                                       else "flate-best-speed")
             assert ("--direct" in described["checkpoint_flags"]) == ("direct" in features["flags"] and direct_ok)
             assert store.verify(ckpt).valid
+            followed = (features["version"] in rc.SEQUENTIAL_IMAGE_WRITERS
+                        and "--direct" not in described["checkpoint_flags"])
+            assert described["image_digest"] == ("while-written" if followed else "read-back")
             procs.append(subprocess.Popen(rc.restore_argv(prefix, ckpt.path, str(bundle), cid),
                                           stdin=subprocess.PIPE, stdout=log, stderr=subprocess.PIPE))
             assert wait_for(lambda: count() >= seen + 10), "no output after restore"
