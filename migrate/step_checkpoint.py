@@ -11,7 +11,11 @@ again from the top and launches the same step id again, and rank N of that
 step restores the checkpoint of rank N. The sandboxes of a step run with no
 shared state across nodes (network mode ``none`` by default), so restoring
 them independently is consistent as long as every rank was saved by the same
-evacuation, which ``wait_for_peers`` arranges for preemptions.
+evacuation: a preemption reaches every rank, a spot notice or maintenance
+reaches one node and its rank asks the others (``request_peers``), and the
+rank that requeues the job first waits for every rank's checkpoint
+(``wait_for_peers``). In ``signal`` mode only the evacuated node's rank is
+signalled by a spot notice or maintenance; the others get Slurm's SIGTERM.
 
 A checkpoint also records ``command_sha256``: the step's argv and shape
 (nodes, tasks). A step whose command line differs (the script took another
@@ -24,6 +28,8 @@ which runsc cannot restore as such. Standard library only (step start path).
 
 import hashlib
 import json
+import os
+import signal
 import time
 
 #: Step-shape variables in the task environment that a checkpoint must match (srun(1)).
@@ -98,10 +104,12 @@ def manifest_fields(step, rank, nodes, digest, restarts):
 
 
 def peers_saved(store, job, step, nodes, restarts, digest):
-    """Ranks (set of int) of ``step`` whose newest checkpoint was taken by this run's preemption.
+    """Ranks (set of int) of ``step`` whose newest checkpoint was taken by an evacuation of this run.
 
-    A rank counts when its newest published checkpoint has reason
-    ``preemption``, this run's ``restart_count`` and the same ``command_sha256``.
+    A rank counts when its newest published checkpoint has a reason other
+    than ``periodic`` (a preemption, or a spot notice or maintenance that
+    reached every rank, see request_peers), this run's ``restart_count`` and
+    the same ``command_sha256``.
     """
     done = set()
     for rank in range(nodes):
@@ -110,7 +118,7 @@ def peers_saved(store, job, step, nodes, restarts, digest):
         except OSError:
             continue
         manifest = (found[0].manifest or {}) if found else {}
-        if (manifest.get("reason") == "preemption" and manifest.get("restart_count") == restarts
+        if (manifest.get("reason") not in (None, "periodic") and manifest.get("restart_count") == restarts
                 and manifest.get("command_sha256") == digest):
             done.add(rank)
     return done
@@ -118,7 +126,7 @@ def peers_saved(store, job, step, nodes, restarts, digest):
 
 def wait_for_peers(store, job, step, nodes, restarts, digest, timeout=PEER_WAIT_S, clock=time.monotonic,
                    sleep=time.sleep):
-    """Wait until every rank of a preempted step has published its checkpoint; returns the missing ranks.
+    """Wait until every rank of an evacuated step has published its checkpoint; returns the missing ranks.
 
     Requeueing the job ends every step at once, so the first rank to finish
     must not requeue while others are still writing. Each rank waits here
@@ -179,6 +187,65 @@ def srun_step_settings(settings, step, local_tasks, task_env, argv, terminal):
     return settings, step_key(step, rank), fields, None
 
 
+#: File in a rank's store directory by which another rank asks it to checkpoint (root only, JSON).
+PEER_REQUEST = ".evacuate.json"
+
+
+def request_peers(sup, evacuation, err_fd):
+    """Ask the other ranks of this multi-node srun step to checkpoint too, at the start of an evacuation.
+
+    A spot notice or maintenance (``slurmbox spot-watch``/``migrate``)
+    reaches only the supervisors of one node, but requeueing the job ends
+    every rank: without this the other ranks would be killed and restart
+    from an older checkpoint. For each other rank a request (reason, this
+    run's ``restart_count`` and ``command_sha256``) is written into its
+    directory in the shared store (``PEER_REQUEST``), then every task of the
+    step gets SIGTERM (``scancel --signal``): each rank's supervisor finds
+    the request (peer_request) and checkpoints as it would for a preemption.
+    Returns the number of ranks asked (0: a batch step, a one-node step, a
+    preemption, which reaches every rank already, or a periodic checkpoint).
+    Problems are reported on ``err_fd`` (the job's stderr), never raised:
+    the evacuation of this rank goes on.
+    """
+    fields = sup.step_manifest
+    if not fields or fields.get("step_nodes", 1) <= 1 or evacuation.reason in ("preemption", "periodic") \
+            or getattr(evacuation, "from_peer", False):
+        return 0
+    step, rank, nodes = fields["slurm_step"], fields["node_rank"], fields["step_nodes"]
+    request = {"reason": evacuation.reason, "restart_count": fields["restart_count"],
+               "command_sha256": fields["command_sha256"], "from_rank": rank}
+    try:
+        store = sup.store()
+        for peer in range(nodes):
+            if peer != rank:
+                store.write_private(sup.args.job, step_key(step, peer), PEER_REQUEST, json.dumps(request).encode(),
+                                    sup.args.uid)
+        from slurmbox.slurm_client import scontrol
+
+        scontrol.signal_step(sup.args.job, step, signal.SIGTERM, env=sup._slurm_env())
+    except Exception as err:  # CheckpointError, OSError, SlurmCommandError: this rank still checkpoints
+        sup.say(err_fd, "%s: cannot ask the other ranks of step %s to checkpoint (%s); they restart from an older "
+                "checkpoint or from the beginning" % (evacuation.reason, step, err))
+        return 0
+    sup.say(err_fd, "%s: asked the other %d rank(s) of step %s to checkpoint too"
+            % (evacuation.reason, nodes - 1, step))
+    return nodes - 1
+
+
+def peer_request(store, job, key, restarts, digest):
+    """The reason (str) another rank gave when asking rank ``key`` (store step name) of this run to
+    checkpoint (request_peers), or None: no request, or one of another run or command line."""
+    try:
+        with open(os.path.join(store.step_dir(job, key), PEER_REQUEST)) as handle:
+            request = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    if (not isinstance(request, dict) or request.get("restart_count") != restarts
+            or request.get("command_sha256") != digest or not request.get("reason")):
+        return None
+    return str(request["reason"])
+
+
 def before_requeue(sup, evacuation, ckpt, err_fd):
     """Called by an evacuation about to ``scontrol requeue`` the job; True to go ahead.
 
@@ -188,26 +255,43 @@ def before_requeue(sup, evacuation, ckpt, err_fd):
     reasons than preemption requeue at once. A preempted multi-node step whose
     checkpoint was published waits for the other ranks' checkpoints
     (``wait_for_peers``) first. Without a checkpoint of its own (signal mode,
-    or the checkpoint failed) a rank does not requeue: that would end the
-    other ranks mid-checkpoint; the evacuation is decided as "requeued" and
-    Slurm requeues the job when GraceTime ends (PreemptMode=REQUEUE).
+    or the checkpoint failed) a preempted rank does not requeue: that would
+    end the other ranks mid-checkpoint; the evacuation is decided as
+    "requeued" and Slurm requeues the job when GraceTime ends
+    (PreemptMode=REQUEUE). Of a spot or maintenance evacuation, the rank on
+    the evacuated node waits for the ranks it asked (request_peers) and
+    requeues; the ranks it asked only checkpoint.
     """
     fields = sup.step_manifest
-    if not fields or fields.get("step_nodes", 1) <= 1 or evacuation.reason != "preemption":
+    if not fields or fields.get("step_nodes", 1) <= 1 or evacuation.reason == "periodic":
         return True
-    step, nodes = fields["slurm_step"], fields["step_nodes"]
+    step = fields["slurm_step"]
+    if getattr(evacuation, "from_peer", False):
+        evacuation.finish("requeued", "%s: rank %d of step %s checkpointed at another rank's request; that rank "
+                          "requeues job %s" % (evacuation.reason, fields["node_rank"], step, sup.args.job))
+        sup.say(err_fd, evacuation.message)
+        return False
+    if evacuation.reason != "preemption":
+        if ckpt is not None and getattr(evacuation, "peers_asked", 0):
+            _wait_and_report(sup, evacuation, fields, err_fd)
+        return True
     if ckpt is None:
         evacuation.finish("requeued", "rank %d of step %s has stopped; Slurm requeues job %s when its GraceTime "
                           "ends" % (fields["node_rank"], step, sup.args.job))
         sup.say(err_fd, evacuation.message)
         return False
-    missing = wait_for_peers(sup.store(), sup.args.job, step, nodes, fields["restart_count"],
+    _wait_and_report(sup, evacuation, fields, err_fd)
+    return True
+
+
+def _wait_and_report(sup, evacuation, fields, err_fd):
+    step = fields["slurm_step"]
+    missing = wait_for_peers(sup.store(), sup.args.job, step, fields["step_nodes"], fields["restart_count"],
                              fields["command_sha256"])
     if missing:
-        sup.say(err_fd, "preemption: ranks %s of step %s published no checkpoint within %.0f s; requeueing job %s "
+        sup.say(err_fd, "%s: ranks %s of step %s published no checkpoint within %.0f s; requeueing job %s "
                 "anyway (they restart from an older checkpoint or from the beginning)"
-                % (",".join(map(str, missing)), step, PEER_WAIT_S, sup.args.job))
-    return True
+                % (evacuation.reason, ",".join(map(str, missing)), step, PEER_WAIT_S, sup.args.job))
 
 
 #: Seconds an srun step whose job was requeued keeps its task (srun) waiting for Slurm to end it.

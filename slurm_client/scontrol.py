@@ -121,3 +121,9 @@ def show_partition(partition, env=None):
 def release_begin_time(job_id, env=None):
     """``scontrol update JobId=JOB StartTime=now``: lift the begin-time hold Slurm puts on a requeued job."""
     run_command(["scontrol", "update", "JobId=%s" % job_id, "StartTime=now"], env=env)
+
+
+def signal_step(job_id, step, signum, env=None):
+    """``scancel --signal=NUM JOB.STEP``: deliver signal ``signum`` (int) to every task of a job step,
+    on all of its nodes (scancel(1) ``-s``; without ``--full``/``--batch`` the batch shell is not signalled)."""
+    run_command(["scancel", "--signal=%d" % int(signum), "%s.%s" % (job_id, step)], env=env)

@@ -21,7 +21,7 @@ from test_migrate_preemption import (assert_exact_sequence, job_record, lines, p
 
 from slurmbox.migrate import step_checkpoint
 from slurmbox.migrate.restore import select_checkpoint
-from slurmbox.migrate.store import CheckpointStore
+from slurmbox.migrate.store import CheckpointError, CheckpointStore
 
 COUNT = 400
 COUNTER = 'i=0; while [ "$i" -lt %d ]; do i=$((i+1)); echo "%s$i"; sleep 0.05; done'
@@ -186,6 +186,33 @@ def test_two_node_step_each_rank_continues(cluster, workdir):
     _leftovers(cluster, job)
 
 
+def test_migrating_one_node_of_a_two_node_step_checkpoints_every_rank(cluster, workdir):
+    """Maintenance on n1 reaches only n1's supervisor; rank 1 on n2 must be saved by the same evacuation."""
+    body = srun_counter(count=300, prefix="$SLURM_NODEID:", srun_args="-N2 -n2 ")
+    job, out, err = submit(cluster, workdir, step_script(os.path.join(workdir, "job.sh"), body,
+                                                         "-p spot -N2 -n2"))
+    cluster.wait_for(lambda: running_node(cluster, job), timeout=60, what="job to start")
+    cluster.wait_for(lambda: len(lines(out)) >= 60, timeout=120, what="60 lines")
+    # --no-drain: the two-node job needs both nodes of the dev cluster to run again.
+    result = _slurmbox(cluster, "migrate", "--node", "n1", "--no-drain", "--reason", "firmware", "--runtime-dir",
+                       cluster.runtime_dir, "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    assert [(s["job"], s["step"], s["outcome"]) for s in report["steps"]] == [(job, "0", "requeued")], report
+    wait_done(cluster, job, out, count=600)
+    errors = open(err).read()
+    for rank in (0, 1):
+        seen = [line.split(":", 1)[1] for line in lines(out) if line.startswith("%d:" % rank)]
+        assert seen == [str(i) for i in range(1, 301)], (rank, len(seen), seen[:3], seen[-3:])
+        assert re.search(r"firmware: checkpointed job %s as \S+/0\.node%d/ckpt-000001" % (job, rank), errors), \
+            errors
+        assert "restoring job %s step 0.node%d from checkpoint ckpt-000001" % (job, rank) in errors, errors
+    assert "firmware: asked the other 1 rank(s) of step 0 to checkpoint too" in errors, errors
+    assert "firmware: rank 1 of step 0 checkpointed at another rank's request" in errors, errors
+    assert "published no checkpoint" not in errors, errors
+    _leftovers(cluster, job)
+
+
 def test_two_node_step_in_signal_mode_saves_its_own_state_on_each_rank(cluster, workdir):
     # Each rank's program saves its counter on SIGUSR1 and resumes from it; no rank may requeue the job
     # while the other is still saving, so Slurm requeues it when GraceTime ends.
@@ -270,6 +297,23 @@ def test_selection_skips_other_command_lines_and_peers_barrier(tmp_path):
     assert step_checkpoint.wait_for_peers(store, "7", "0", 2, 1, "a" * 64, timeout=0) == []
     # A checkpoint of an earlier run (another restart count) does not count for this one.
     assert step_checkpoint.peers_saved(store, "7", "0", 2, 2, "a" * 64) == set()
+
+
+def test_peer_requests_are_private_and_belong_to_one_run_and_command(tmp_path):
+    store = CheckpointStore(str(tmp_path / "store"))
+    request = {"reason": "spot: aws", "restart_count": 2, "command_sha256": "a" * 64, "from_rank": 0}
+    path = store.write_private("7", "0.node1", step_checkpoint.PEER_REQUEST, json.dumps(request).encode(),
+                               os.getuid())
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    assert step_checkpoint.peer_request(store, "7", "0.node1", 2, "a" * 64) == "spot: aws"
+    assert step_checkpoint.peer_request(store, "7", "0.node1", 3, "a" * 64) is None  # another run
+    assert step_checkpoint.peer_request(store, "7", "0.node1", 2, "b" * 64) is None  # another command line
+    assert step_checkpoint.peer_request(store, "7", "0.node0", 2, "a" * 64) is None  # not asked
+    # The request is not a checkpoint: listing and gc do not see it.
+    assert store.checkpoints("7", "0.node1") == [] and path in [os.path.join(store.step_dir("7", "0.node1"), n)
+                                                                 for n in os.listdir(store.step_dir("7", "0.node1"))]
+    with pytest.raises(CheckpointError, match="must start with '.'"):
+        store.write_private("7", "0.node1", "evacuate.json", b"{}", os.getuid())
 
 
 def test_checkpoint_ls_verify_gc_cover_step_checkpoints(tmp_path):
