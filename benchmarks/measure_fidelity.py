@@ -36,7 +36,8 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 TASK_SOURCE = os.path.join(HERE, "measure_compute_task.py")
 TASK = None  # a private copy of TASK_SOURCE, made by main(): the harness refuses task files a sandbox could read
-CANDIDATE = os.path.join(HERE, "measure_compute_candidate.py")
+CANDIDATE_SOURCE = os.path.join(HERE, "measure_compute_candidate.py")
+CANDIDATE = CANDIDATE_SOURCE  # main() makes a private copy when --iterations changes the work per call
 NEIGHBOUR = os.path.join(HERE, "measure_neighbour.py")
 
 
@@ -85,6 +86,9 @@ def main(argv=None):
     parser.add_argument("--max-wall", type=float, default=8.0, help="seconds of sampling per measurement")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds per figure")
     parser.add_argument("--json", action="store_true", help="also print the figures as JSON")
+    parser.add_argument("--iterations", type=int, default=None,
+                        help="logistic-map iterations per call (default: the task's 20000, ~22 ms here); the "
+                             "task and candidate copies get this value")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         sys.exit("measure_fidelity: run as root (runsc sandboxes and cgroups)")
@@ -100,6 +104,14 @@ def main(argv=None):
     TASK = os.path.join(private, "measure_compute_task.py")
     shutil.copyfile(TASK_SOURCE, TASK)
     atexit.register(shutil.rmtree, private, True)
+    if args.iterations:
+        global CANDIDATE
+        CANDIDATE = os.path.join(private, "measure_compute_candidate.py")
+        for source, copy in ((TASK_SOURCE, TASK), (CANDIDATE_SOURCE, CANDIDATE)):
+            with open(source) as handle:
+                text = handle.read()
+            with open(copy, "w") as handle:
+                handle.write(text.replace("ITERATIONS = 20000", "ITERATIONS = %d" % args.iterations))
 
     harness_cpus, sandbox_cpus = default_cpus()
     rule = stats.StoppingRule(min_samples=20, min_time=1.0, max_noise=0.005, max_wall=args.max_wall, warmup_samples=5)
@@ -116,6 +128,7 @@ def main(argv=None):
           " machine's load hits both alike; per round: a fresh sandbox, >= 20 samples, <= %.0f s." % (args.rounds, args.max_wall))
     print("1. bare vs sandboxed (isolation on, quiet node)")
     _, overhead = measure(on, "runsc", "sandboxed", calibrate=True)
+    _, bare_overhead = measure(on, "bare", "bare", calibrate=True)
     bare, boxed, ratios = [], [], []
     for _ in range(args.rounds):
         bare.append(measure(on, "bare", "bare")[0])
@@ -128,6 +141,14 @@ def main(argv=None):
     ratio = float(np.median(ratios))
     print("  sandboxed/bare median ratio per round: %s -> median %.4f (goal 1.00 +/- 0.02)"
           % (", ".join("%.4f" % r for r in ratios), ratio))
+    # The harness's own per-sample cost (null candidate: handshake and transfers) differs between a
+    # sandboxed runner (its socket calls go through gVisor) and a bare one; without it, what is left
+    # is the candidate's compute as each mode timed it.
+    box_over, bare_over = overhead.summary["median_ns"], bare_overhead.summary["median_ns"]
+    net = [(b.summary["median_ns"] - box_over) / (a.summary["median_ns"] - bare_over) for a, b in zip(bare, boxed)]
+    print("  same without each mode's harness overhead (null candidate: sandboxed %.3f ms, bare %.3f ms): %s -> "
+          "median %.4f" % (box_over / 1e6, bare_over / 1e6, ", ".join("%.4f" % r for r in net),
+                           float(np.median(net))))
     print("  rel stdev, median over rounds: bare %.3f%%, sandboxed %.3f%% (goal <= 0.5%% in both)"
           % (100 * np.median([r.summary["rel_stdev"] for r in bare]),
              100 * np.median([r.summary["rel_stdev"] for r in boxed])))
@@ -154,9 +175,12 @@ def main(argv=None):
     over = overhead.summary["median_ns"]
     print("  null candidate (handshake + transfers) median %.4f ms = %.2f%% of the candidate's %.4f ms"
           % (over / 1e6, 100 * over / boxed[0].summary["median_ns"], boxed[0].summary["median_ns"] / 1e6))
+    print("  bare runner's null candidate %.4f ms: the sandbox adds %.4f ms per sample"
+          % (bare_over / 1e6, (over - bare_over) / 1e6))
     if args.json:
         print(json.dumps({"cpus": ncpu, "bare": [r.summary for r in bare], "sandboxed": [r.summary for r in boxed],
-                          "ratios": ratios, "ratio": ratio, "neighbour_shift": shifts, "overhead_ns": over},
+                          "ratios": ratios, "ratio": ratio, "net_ratios": net, "neighbour_shift": shifts,
+                          "overhead_ns": over, "bare_overhead_ns": bare_over},
                          indent=1))
 
 

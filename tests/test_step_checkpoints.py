@@ -175,15 +175,21 @@ def test_two_node_step_each_rank_continues(cluster, workdir):
     moment = random.Random(11).randint(40, 200)
     cluster.wait_for(lambda: len(lines(out)) >= moment, timeout=120, what="%d lines" % moment)
     preempt(cluster, workdir, "n1")
+    _assert_every_rank_continued(cluster, job, out, err, "preemption")
+    _leftovers(cluster, job)
+
+
+def _assert_every_rank_continued(cluster, job, out, err, reason):
+    """Both ranks of the two-node counter printed exactly 1..300, each restored from its first checkpoint."""
     wait_done(cluster, job, out, count=600)
     errors = open(err).read()
     for rank in (0, 1):
         seen = [line.split(":", 1)[1] for line in lines(out) if line.startswith("%d:" % rank)]
         assert seen == [str(i) for i in range(1, 301)], (rank, len(seen), seen[:3], seen[-3:])
-        assert re.search(r"preemption: checkpointed job %s as \S+/0\.node%d/ckpt-000001" % (job, rank), errors), \
+        assert re.search(r"%s: checkpointed job %s as \S+/0\.node%d/ckpt-000001" % (reason, job, rank), errors), \
             errors
         assert "restoring job %s step 0.node%d from checkpoint ckpt-000001" % (job, rank) in errors, errors
-    _leftovers(cluster, job)
+    return errors
 
 
 def test_migrating_one_node_of_a_two_node_step_checkpoints_every_rank(cluster, workdir):
@@ -199,14 +205,7 @@ def test_migrating_one_node_of_a_two_node_step_checkpoints_every_rank(cluster, w
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(result.stdout)
     assert [(s["job"], s["step"], s["outcome"]) for s in report["steps"]] == [(job, "0", "requeued")], report
-    wait_done(cluster, job, out, count=600)
-    errors = open(err).read()
-    for rank in (0, 1):
-        seen = [line.split(":", 1)[1] for line in lines(out) if line.startswith("%d:" % rank)]
-        assert seen == [str(i) for i in range(1, 301)], (rank, len(seen), seen[:3], seen[-3:])
-        assert re.search(r"firmware: checkpointed job %s as \S+/0\.node%d/ckpt-000001" % (job, rank), errors), \
-            errors
-        assert "restoring job %s step 0.node%d from checkpoint ckpt-000001" % (job, rank) in errors, errors
+    errors = _assert_every_rank_continued(cluster, job, out, err, "firmware")
     assert "firmware: asked the other 1 rank(s) of step 0 to checkpoint too" in errors, errors
     assert "firmware: rank 1 of step 0 checkpointed at another rank's request" in errors, errors
     assert "published no checkpoint" not in errors, errors
