@@ -42,6 +42,8 @@ import sys
 import tempfile
 import time
 
+from polling import became_true, wait_until  # benchmarks/polling.py, beside this script
+
 HOLDER = ("import random, sys, time\n"
           "data = [random.randbytes(1 << 20) for _ in range(int(sys.argv[1]))]\n"
           "print('ready', flush=True)\n"
@@ -242,12 +244,7 @@ def resume_check(binary=None, directory="/var/tmp", compression="none", restore_
             return handle.read().split()
 
     def wait_lines(n, timeout=60):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if len(lines()) >= n:
-                return True
-            time.sleep(0.02)
-        return False
+        return became_true(lambda: len(lines()) >= n, timeout, interval=0.02)
 
     try:
         # stdin: a pipe of ours. runsc re-owns the stdio it is given to the sandbox's user,
@@ -319,13 +316,7 @@ def downtime(slurm_conf, runs):
         return record.get("JobState"), record.get("NodeList")
 
     def wait(predicate, timeout=300):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            value = predicate()
-            if value:
-                return value
-            time.sleep(0.05)
-        raise RuntimeError("timed out")
+        return wait_until(predicate, timeout, "the dev cluster job")
 
     def count(path):
         try:

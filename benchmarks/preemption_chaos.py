@@ -26,18 +26,10 @@ import sys
 import tempfile
 import time
 
+from polling import wait_until  # benchmarks/polling.py, beside this script
+
 USER = "sbxuser"
 COUNT = 600  # 30 s of printing at 50 ms
-
-
-def _wait(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise RuntimeError("timed out after %d s waiting for %s" % (timeout, what))
 
 
 def _numbers(path):
@@ -67,19 +59,19 @@ def one_round(slurm_conf, work, index, delay):
             return {}
 
     job = as_user("sbatch", "--parsable", "-o", out, "-e", out + ".err", script).split(";")[0]
-    node = _wait(lambda: record(job).get("NodeList") if record(job).get("JobState") == "RUNNING" else None,
+    node = wait_until(lambda: record(job).get("NodeList") if record(job).get("JobState") == "RUNNING" else None,
                  120, "job %s to start" % job)
-    _wait(lambda: len(_numbers(out)) >= 1, 60, "job %s to print" % job)
+    wait_until(lambda: len(_numbers(out)) >= 1, 60, "job %s to print" % job)
     time.sleep(delay)  # the random moment of the preemption is the point of this benchmark
     as_user("sbatch", "--parsable", "-p", "ondemand", "-w", node, "--exclusive", "-o", "/dev/null",
             "--wrap", "sleep 2")
     preempted = time.monotonic()
-    _wait(lambda: record(job).get("Restarts", "0") != "0", 120, "job %s to be requeued" % job)
+    wait_until(lambda: record(job).get("Restarts", "0") != "0", 120, "job %s to be requeued" % job)
     at_requeue = len(_numbers(out))  # the sandbox was checkpointed and stopped before Slurm requeued the job
-    _wait(lambda: len(_numbers(out)) > at_requeue or record(job).get("JobState") == "COMPLETED", 300,
+    wait_until(lambda: len(_numbers(out)) > at_requeue or record(job).get("JobState") == "COMPLETED", 300,
           "job %s to print again" % job)
     again = time.monotonic() - preempted
-    _wait(lambda: record(job).get("JobState") in ("COMPLETED", "FAILED", "CANCELLED"), 300,
+    wait_until(lambda: record(job).get("JobState") in ("COMPLETED", "FAILED", "CANCELLED"), 300,
           "job %s to end" % job)
     exact = _numbers(out) == [str(i) for i in range(1, COUNT + 1)]
     return exact, int(record(job).get("Restarts", "0")), again

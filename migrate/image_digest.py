@@ -15,9 +15,10 @@ empty file: the sha256 of no bytes).
 
 Reads use ``pread(2)`` of 8 MiB into page-aligned buffers, optionally with
 O_DIRECT (open(2)): files ``runsc checkpoint -direct`` wrote are not in the
-page cache, and direct reads of them ran about twice as fast here as
-page-cache reads. Python's ``os.preadv`` and ``hashlib`` both release the GIL
-on large buffers, so threads hash in parallel.
+page cache, and O_DIRECT reads of them right after the write were ~20%
+faster here than page-cache reads (benchmarks/checkpoint_throughput.py).
+Python's ``os.preadv`` and ``hashlib`` both release the GIL on large
+buffers, so threads hash in parallel; at most MAX_WORKERS of them.
 
 Standard library only (the supervisor imports it).
 """
@@ -33,6 +34,9 @@ from dataclasses import dataclass
 CHUNK_BYTES = 32 << 20
 #: Bytes per pread(2); a multiple of any logical block size O_DIRECT needs, and a divisor of CHUNK_BYTES.
 READ_BYTES = 8 << 20
+#: Most threads one digest_files call uses (each holds a READ_BYTES buffer): enough to keep
+#: a disk busy while others hash, without taking every CPU of a large shared node.
+MAX_WORKERS = 8
 
 
 @dataclass(frozen=True)
@@ -63,7 +67,8 @@ def chunk_count(size, chunk_bytes=CHUNK_BYTES):
 
 
 def _open(path, direct):
-    """(fd, whether O_DIRECT is on): O_DIRECT where asked and the file system takes it (tmpfs refuses)."""
+    """(fd, whether O_DIRECT is on): O_DIRECT where asked and the file system takes it (some refuse
+    it with EINVAL: tmpfs before Linux 6.6, some FUSE file systems)."""
     if direct:
         try:
             return os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_DIRECT), True
@@ -95,20 +100,20 @@ def _hash_chunk(buffers, fd, offset, length, digest=None):
     digest, done = digest or hashlib.sha256(), 0
     while done < length:
         want = min(READ_BYTES, length - done)
-        # O_DIRECT needs whole blocks: read a full buffer, keep what belongs to this chunk.
+        # O_DIRECT needs whole blocks: read a full buffer, keep what belongs to this chunk. A short
+        # read is not the end of the file (NFS, FUSE may return less): read on until one returns 0.
         count = os.preadv(fd, [view], offset + done)
         if count <= 0:
             break
         count = min(count, want)
         digest.update(view[:count])
         done += count
-        if count < want:
-            break
     return done, digest.hexdigest()
 
 
 def _default_workers():
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(cpus, MAX_WORKERS))
 
 
 def _run_jobs(jobs, workers):
@@ -119,9 +124,15 @@ def _run_jobs(jobs, workers):
     made = []
     buffers = _Buffers(made)
     try:
-        with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="image-digest") as pool:
+        pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="image-digest")
+        try:
             futures = [[pool.submit(_hash_chunk, buffers, *job) for job in file_jobs] for file_jobs in jobs]
             return [[future.result() for future in file_futures] for file_futures in futures]
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)  # a failed read stops the rest of the image
+            raise
+        finally:
+            pool.shutdown(wait=True)
     finally:
         for buf, view in made:  # the pool's threads have exited
             view.release()
@@ -133,7 +144,7 @@ def digest_files(paths, chunk_bytes=CHUNK_BYTES, direct=False, workers=None):
 
     ``direct``: read with O_DIRECT where the file system allows it;
     ``workers``: threads reading and hashing at once (default: the CPUs
-    this process may run on). ``chunk_bytes`` must be a multiple of
+    this process may run on, at most MAX_WORKERS). ``chunk_bytes`` must be a multiple of
     READ_BYTES. A file that changes size while it is read gets the size
     actually read. Raises OSError when a file cannot be opened or read,
     ValueError for a ``chunk_bytes`` that is not a multiple of READ_BYTES.
@@ -181,6 +192,7 @@ class ImageFollower:
     are not in the page cache); while the writer runs, only whole
     READ_BYTES pieces are read then. ``poll_s``: how long the follower
     thread waits, seconds, when every file is read up to its current size.
+    Raises ValueError for a ``chunk_bytes`` that is not a multiple of READ_BYTES.
     """
 
     def __init__(self, directory, direct=False, chunk_bytes=CHUNK_BYTES, poll_s=0.005):
@@ -200,12 +212,12 @@ class ImageFollower:
     def _run(self):
         try:
             while not self._stop.is_set():
-                if not self._pass(final=False):
+                if not self._pass():
                     self._stop.wait(self.poll_s)
-        except OSError as err:
+        except Exception as err:  # finish() then hashes nothing itself: publish reads every file back
             self.error = err
 
-    def _pass(self, final):
+    def _pass(self):
         """Read what every file has gained since the last pass; returns whether anything was read."""
         progressed = False
         for name in sorted(os.listdir(self.directory)):
@@ -218,17 +230,21 @@ class ImageFollower:
                     fd, direct = _open(path, self.direct)
                 except FileNotFoundError:
                     continue
-                state = self.files[name] = _Followed(fd, direct, os.fstat(fd).st_ino)
-            progressed |= self._read(state, final)
+                try:
+                    state = self.files[name] = _Followed(fd, direct, os.fstat(fd).st_ino)
+                except OSError:
+                    os.close(fd)
+                    raise
+            progressed |= self._read(state)
         return progressed
 
-    def _read(self, state, final):
+    def _read(self, state):
         size = os.fstat(state.fd).st_size
         progressed = False
         while state.offset < size:
             want = min(READ_BYTES, size - state.offset)
-            if state.direct and want < READ_BYTES and not final:
-                break  # O_DIRECT reads whole blocks: wait for a full piece, or for the writer's end
+            if state.direct and want < READ_BYTES:
+                break  # O_DIRECT reads whole blocks: wait for a full piece; finish() reads the tail
             count = os.preadv(state.fd, [self._view if state.direct else self._view[:want]], state.offset)
             if count <= 0:
                 break
@@ -261,7 +277,7 @@ class ImageFollower:
         try:
             if self.error is not None:
                 return {}
-            self._pass(final=False)  # pick up files created after the last pass
+            self._pass()  # pick up files created after the last pass
             names, jobs, sizes = [], [], []
             for name, state in sorted(self.files.items()):
                 size = os.fstat(state.fd).st_size

@@ -26,7 +26,7 @@ import time
 from slurmbox.migrate import triggers
 from slurmbox.migrate.runsc_checkpoint import (CheckpointFailed, checkpoint_sandbox, restore_argv, restore_flags,
                                                runsc_description)
-from slurmbox.migrate.step_checkpoint import before_requeue, peer_request, request_peers
+from slurmbox.migrate.step_checkpoint import before_requeue, request_peers, take_peer_request
 from slurmbox.migrate.store import CheckpointError
 from slurmbox.slurm_client import scontrol
 
@@ -53,6 +53,8 @@ class Evacuation:
         self.interrupted = None  # a signal from Slurm that arrived during a periodic checkpoint
         self.from_peer = False  # asked by another rank of a multi-node srun step (step_checkpoint.request_peers)
         self.peers_asked = 0  # how many other ranks this evacuation asked to checkpoint too
+        self.peer_nodes = 1  # the step's node count when it asked them (capped by the job's)
+        self.evacuation_id = None  # shared by every rank's checkpoint of one passed-on evacuation
 
     def finish(self, outcome, message=""):
         """Record the outcome and wake every waiter."""
@@ -175,9 +177,10 @@ class CheckpointableTask:
             self.sup.say(None, "cannot ask slurmctld whether SIGTERM is a preemption (%s); passing it on" % err)
             preempted = False
         if not preempted:
-            reason = self._peer_request()
-            if reason:  # another rank's node is being evacuated (spot notice, maintenance): checkpoint too
-                evacuation.reason, evacuation.from_peer = reason, True
+            request = self._peer_request()
+            if request:  # another rank's node is being evacuated (spot notice, maintenance): checkpoint too
+                evacuation.reason, evacuation.from_peer = request["reason"], True
+                evacuation.evacuation_id = request["evacuation_id"]
                 self._evacuate(evacuation)
                 return
             with self.lock:
@@ -188,13 +191,13 @@ class CheckpointableTask:
         self._evacuate(evacuation)
 
     def _peer_request(self):
-        """The reason of another rank's request that this rank checkpoint (step_checkpoint.peer_request), or None."""
+        """Another rank's request that this rank checkpoint (step_checkpoint.take_peer_request), or None."""
         fields = self.sup.step_manifest
         if not fields or fields.get("step_nodes", 1) <= 1 or self.settings.mode != "transparent":
             return None
         try:
-            return peer_request(self.sup.store(), self.sup.args.job, self.sup.checkpoint_step,
-                                fields["restart_count"], fields["command_sha256"])
+            return take_peer_request(self.sup.store(), self.sup.args.job, self.sup.checkpoint_step,
+                                     fields["restart_count"], fields["command_sha256"])
         except (CheckpointError, OSError):
             return None
 
@@ -267,6 +270,8 @@ class CheckpointableTask:
                       "runsc": runsc_description(self.prefix),
                       "batch_script_sha256": self.sup.batch_script_sha256()}
             fields.update(self.sup.step_manifest)  # an srun step's rank and command digest (step_checkpoint)
+            if evacuation.evacuation_id:
+                fields["evacuation_id"] = evacuation.evacuation_id
             ckpt, took = checkpoint_sandbox(self.prefix, self.sup.container_id, pending, fields, self.spec,
                                             self.checkpoint_flags, cache_dir=self.sup.node_dir)
             size_mb = sum(f.get("size", 0) for f in (ckpt.manifest or {}).get("files", [])) / 1e6
@@ -301,11 +306,12 @@ class CheckpointableTask:
         try:
             scontrol.requeue(job, env=self.sup._slurm_env())
         except scontrol.SlurmCommandError as err:
-            if evacuation.reason == "preemption":
-                # At the end of GraceTime slurmctld requeues the job itself (PreemptMode=REQUEUE)
-                # and refuses a second requeue.
-                evacuation.finish("requeued", "job %s is requeued by Slurm (preemption)%s"
-                                  % (job, ", checkpoint %s" % ckpt.name if ckpt else ""))
+            if evacuation.reason == "preemption" or self._requeued_already():
+                # At the end of GraceTime slurmctld requeues the job itself (PreemptMode=REQUEUE), or
+                # another node's evacuation requeued it first; either way a second requeue is refused.
+                evacuation.finish("requeued", "job %s is requeued (%s)%s"
+                                  % (job, "by Slurm: preemption" if evacuation.reason == "preemption"
+                                     else "by another node's evacuation", ", checkpoint %s" % ckpt.name if ckpt else ""))
                 self.sup.say(self.err_fd, evacuation.message)
             elif ckpt is not None:
                 self._resume_here(evacuation, ckpt, "job %s could not be requeued (%s); it continues here from "
@@ -320,6 +326,18 @@ class CheckpointableTask:
         evacuation.finish("requeued", "job %s requeued (%s)%s" % (job, evacuation.reason,
                                                                  ", checkpoint %s" % ckpt.name if ckpt else ""))
         self.sup.say(self.err_fd, evacuation.message)
+
+    def _requeued_already(self):
+        """Whether the job has left this run: no longer RUNNING, or restarted (another rank's node's
+        evacuation requeued it while this one was checkpointing)."""
+        try:
+            record = scontrol.show_job(self.sup.args.job, env=self.sup._slurm_env())
+        except scontrol.SlurmCommandError:
+            return False
+        restarts = str(record.get("Restarts", "0"))
+        return record.get("JobState") != "RUNNING" or (
+            restarts.isdigit() and int(restarts) > int(self.sup.step_manifest.get("restart_count", 0) or 0)
+            and bool(self.sup.step_manifest))
 
     def _resume_here(self, evacuation, ckpt, why):
         if self.gone:

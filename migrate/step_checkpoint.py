@@ -103,13 +103,14 @@ def manifest_fields(step, rank, nodes, digest, restarts):
             "restart_count": int(restarts)}
 
 
-def peers_saved(store, job, step, nodes, restarts, digest):
-    """Ranks (set of int) of ``step`` whose newest checkpoint was taken by an evacuation of this run.
+def peers_saved(store, job, step, nodes, restarts, digest, evacuation_id=None):
+    """Ranks (set of int) of ``step`` whose newest checkpoint was taken by this evacuation.
 
-    A rank counts when its newest published checkpoint has a reason other
-    than ``periodic`` (a preemption, or a spot notice or maintenance that
-    reached every rank, see request_peers), this run's ``restart_count`` and
-    the same ``command_sha256``.
+    A rank counts when its newest published checkpoint has this run's
+    ``restart_count``, the same ``command_sha256`` and: with
+    ``evacuation_id`` (a spot notice or maintenance that one rank passed on,
+    request_peers), that ``evacuation_id``; without, reason ``preemption``
+    (Slurm preempts a job once per run).
     """
     done = set()
     for rank in range(nodes):
@@ -118,14 +119,15 @@ def peers_saved(store, job, step, nodes, restarts, digest):
         except OSError:
             continue
         manifest = (found[0].manifest or {}) if found else {}
-        if (manifest.get("reason") not in (None, "periodic") and manifest.get("restart_count") == restarts
-                and manifest.get("command_sha256") == digest):
+        same = (manifest.get("evacuation_id") == evacuation_id if evacuation_id
+                else manifest.get("reason") == "preemption")
+        if same and manifest.get("restart_count") == restarts and manifest.get("command_sha256") == digest:
             done.add(rank)
     return done
 
 
 def wait_for_peers(store, job, step, nodes, restarts, digest, timeout=PEER_WAIT_S, clock=time.monotonic,
-                   sleep=time.sleep):
+                   sleep=time.sleep, evacuation_id=None):
     """Wait until every rank of an evacuated step has published its checkpoint; returns the missing ranks.
 
     Requeueing the job ends every step at once, so the first rank to finish
@@ -135,10 +137,11 @@ def wait_for_peers(store, job, step, nodes, restarts, digest, timeout=PEER_WAIT_
     "requeued by Slurm"). After ``timeout`` seconds the job is requeued anyway
     (a rank that could not checkpoint must not hold the job past GraceTime);
     the missing ranks (sorted list of int) are returned for the log.
+    ``evacuation_id``: see peers_saved.
     """
     deadline = clock() + timeout
     while True:
-        missing = sorted(set(range(nodes)) - peers_saved(store, job, step, nodes, restarts, digest))
+        missing = sorted(set(range(nodes)) - peers_saved(store, job, step, nodes, restarts, digest, evacuation_id))
         if not missing or clock() >= deadline:
             return missing
         sleep(PEER_POLL_S)
@@ -191,59 +194,90 @@ def srun_step_settings(settings, step, local_tasks, task_env, argv, terminal):
 PEER_REQUEST = ".evacuate.json"
 
 
+def job_allows_requeue(record):
+    """Whether Slurm will requeue the job of ``record`` (``scontrol show job`` dict): a batch job
+    (``BatchFlag=1``; scontrol requeue refuses others, ESLURM_BATCH_ONLY) with ``Requeue=1``."""
+    return record.get("BatchFlag") == "1" and record.get("Requeue") == "1"
+
+
+def _trusted_nodes(fields, record):
+    """The step's node count, at most the job's ``NumNodes``: the task environment it came from is the user's."""
+    nodes = int(fields.get("step_nodes", 1))
+    allocated = str(record.get("NumNodes", "")).split("-")[0]
+    return min(nodes, int(allocated)) if allocated.isdigit() else 1
+
+
 def request_peers(sup, evacuation, err_fd):
     """Ask the other ranks of this multi-node srun step to checkpoint too, at the start of an evacuation.
 
     A spot notice or maintenance (``slurmbox spot-watch``/``migrate``)
     reaches only the supervisors of one node, but requeueing the job ends
     every rank: without this the other ranks would be killed and restart
-    from an older checkpoint. For each other rank a request (reason, this
-    run's ``restart_count`` and ``command_sha256``) is written into its
-    directory in the shared store (``PEER_REQUEST``), then every task of the
-    step gets SIGTERM (``scancel --signal``): each rank's supervisor finds
-    the request (peer_request) and checkpoints as it would for a preemption.
-    Returns the number of ranks asked (0: a batch step, a one-node step, a
-    preemption, which reaches every rank already, or a periodic checkpoint).
-    Problems are reported on ``err_fd`` (the job's stderr), never raised:
-    the evacuation of this rank goes on.
+    from an older checkpoint. For each other rank a request (reason, a new
+    ``evacuation_id``, this run's ``restart_count`` and ``command_sha256``)
+    is written into its directory in the shared store (``PEER_REQUEST``),
+    then every task of the step gets SIGTERM (``scancel --signal``): each
+    rank's supervisor takes the request (take_peer_request) and checkpoints
+    with that id in its manifest. Sets ``evacuation.evacuation_id`` and
+    ``evacuation.peer_nodes`` (the step's node count, capped by the job's).
+    Returns the number of ranks asked: 0 for a batch step, a one-node step,
+    a preemption (which reaches every rank already), a periodic checkpoint,
+    or a job Slurm would not requeue (job_allows_requeue: the other ranks
+    would be stopped for nothing). Problems are reported on ``err_fd`` (the
+    job's stderr), never raised: the evacuation of this rank goes on.
     """
+    from slurmbox.slurm_client import scontrol
+
     fields = sup.step_manifest
     if not fields or fields.get("step_nodes", 1) <= 1 or evacuation.reason in ("preemption", "periodic") \
-            or getattr(evacuation, "from_peer", False):
+            or evacuation.from_peer:
         return 0
-    step, rank, nodes = fields["slurm_step"], fields["node_rank"], fields["step_nodes"]
-    request = {"reason": evacuation.reason, "restart_count": fields["restart_count"],
-               "command_sha256": fields["command_sha256"], "from_rank": rank}
+    step, rank = fields["slurm_step"], fields["node_rank"]
     try:
+        record = scontrol.show_job(sup.args.job, env=sup._slurm_env())
+        if not job_allows_requeue(record):
+            sup.say(err_fd, "%s: job %s cannot be requeued (not a batch job, or --no-requeue): the other ranks of "
+                    "step %s are not asked to checkpoint" % (evacuation.reason, sup.args.job, step))
+            return 0
+        nodes = _trusted_nodes(fields, record)
+        evacuation.evacuation_id, evacuation.peer_nodes = os.urandom(8).hex(), nodes
+        request = {"reason": evacuation.reason, "evacuation_id": evacuation.evacuation_id,
+                   "restart_count": fields["restart_count"], "command_sha256": fields["command_sha256"],
+                   "from_rank": rank}
         store = sup.store()
         for peer in range(nodes):
             if peer != rank:
                 store.write_private(sup.args.job, step_key(step, peer), PEER_REQUEST, json.dumps(request).encode(),
                                     sup.args.uid)
-        from slurmbox.slurm_client import scontrol
-
         scontrol.signal_step(sup.args.job, step, signal.SIGTERM, env=sup._slurm_env())
     except Exception as err:  # CheckpointError, OSError, SlurmCommandError: this rank still checkpoints
         sup.say(err_fd, "%s: cannot ask the other ranks of step %s to checkpoint (%s); they restart from an older "
                 "checkpoint or from the beginning" % (evacuation.reason, step, err))
         return 0
-    sup.say(err_fd, "%s: asked the other %d rank(s) of step %s to checkpoint too"
-            % (evacuation.reason, nodes - 1, step))
+    sup.say(err_fd, "%s: asked the other %d rank(s) of step %s to checkpoint too" % (evacuation.reason, nodes - 1,
+                                                                                    step))
     return nodes - 1
 
 
-def peer_request(store, job, key, restarts, digest):
-    """The reason (str) another rank gave when asking rank ``key`` (store step name) of this run to
-    checkpoint (request_peers), or None: no request, or one of another run or command line."""
+def take_peer_request(store, job, key, restarts, digest):
+    """Take (read and remove) another rank's request that rank ``key`` (store step name) of this run
+    checkpoint (request_peers). Returns the request (dict with ``reason`` and ``evacuation_id``), or
+    None: no request, or one of another run or command line (removed too: it can never apply)."""
+    path = os.path.join(store.step_dir(job, key), PEER_REQUEST)
     try:
-        with open(os.path.join(store.step_dir(job, key), PEER_REQUEST)) as handle:
+        with open(path) as handle:
             request = json.load(handle)
     except (OSError, ValueError):
         return None
+    try:
+        os.unlink(path)  # acted on once: a later SIGTERM of this run (scancel, time limit) is not a request
+    except OSError:
+        pass
     if (not isinstance(request, dict) or request.get("restart_count") != restarts
-            or request.get("command_sha256") != digest or not request.get("reason")):
+            or request.get("command_sha256") != digest or not request.get("reason")
+            or not request.get("evacuation_id")):
         return None
-    return str(request["reason"])
+    return request
 
 
 def before_requeue(sup, evacuation, ckpt, err_fd):
@@ -259,35 +293,45 @@ def before_requeue(sup, evacuation, ckpt, err_fd):
     end the other ranks mid-checkpoint; the evacuation is decided as
     "requeued" and Slurm requeues the job when GraceTime ends
     (PreemptMode=REQUEUE). Of a spot or maintenance evacuation, the rank on
-    the evacuated node waits for the ranks it asked (request_peers) and
-    requeues; the ranks it asked only checkpoint.
+    the evacuated node waits for the ranks it asked (request_peers), with or
+    without a checkpoint of its own, and requeues; the ranks it asked only
+    checkpoint.
     """
     fields = sup.step_manifest
     if not fields or fields.get("step_nodes", 1) <= 1 or evacuation.reason == "periodic":
         return True
     step = fields["slurm_step"]
-    if getattr(evacuation, "from_peer", False):
+    if evacuation.from_peer:
         evacuation.finish("requeued", "%s: rank %d of step %s checkpointed at another rank's request; that rank "
                           "requeues job %s" % (evacuation.reason, fields["node_rank"], step, sup.args.job))
         sup.say(err_fd, evacuation.message)
         return False
     if evacuation.reason != "preemption":
-        if ckpt is not None and getattr(evacuation, "peers_asked", 0):
-            _wait_and_report(sup, evacuation, fields, err_fd)
+        if evacuation.peers_asked:
+            _wait_and_report(sup, evacuation, fields, evacuation.peer_nodes, err_fd)
         return True
     if ckpt is None:
         evacuation.finish("requeued", "rank %d of step %s has stopped; Slurm requeues job %s when its GraceTime "
                           "ends" % (fields["node_rank"], step, sup.args.job))
         sup.say(err_fd, evacuation.message)
         return False
-    _wait_and_report(sup, evacuation, fields, err_fd)
+    _wait_and_report(sup, evacuation, fields, _preempted_nodes(sup, fields), err_fd)
     return True
 
 
-def _wait_and_report(sup, evacuation, fields, err_fd):
+def _preempted_nodes(sup, fields):
+    from slurmbox.slurm_client import scontrol
+
+    try:
+        return _trusted_nodes(fields, scontrol.show_job(sup.args.job, env=sup._slurm_env()))
+    except Exception:  # slurmctld unreachable: the step's own count (waiting is bounded by PEER_WAIT_S)
+        return int(fields.get("step_nodes", 1))
+
+
+def _wait_and_report(sup, evacuation, fields, nodes, err_fd):
     step = fields["slurm_step"]
-    missing = wait_for_peers(sup.store(), sup.args.job, step, fields["step_nodes"], fields["restart_count"],
-                             fields["command_sha256"])
+    missing = wait_for_peers(sup.store(), sup.args.job, step, nodes, fields["restart_count"],
+                             fields["command_sha256"], evacuation_id=evacuation.evacuation_id)
     if missing:
         sup.say(err_fd, "%s: ranks %s of step %s published no checkpoint within %.0f s; requeueing job %s "
                 "anyway (they restart from an older checkpoint or from the beginning)"

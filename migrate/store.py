@@ -216,7 +216,8 @@ class PendingCheckpoint:
         syncer = None
         try:
             if spec is not None:
-                self._write(os.path.join(self.image_dir, SPEC), json.dumps(spec, sort_keys=True).encode())
+                spec_bytes = json.dumps(spec, sort_keys=True).encode()
+                self._write(os.path.join(self.image_dir, SPEC), spec_bytes)
             names = [name for name in sorted(os.listdir(self.image_dir)) if name != MANIFEST
                      and os.path.isfile(os.path.join(self.image_dir, name))
                      and not os.path.islink(os.path.join(self.image_dir, name))]
@@ -230,6 +231,11 @@ class PendingCheckpoint:
             read_back = image_digest.digest_files([os.path.join(self.image_dir, name) for name in unknown],
                                                   direct=direct_read)
             known.update(zip(unknown, read_back))
+            for name in names:
+                if os.path.getsize(os.path.join(self.image_dir, name)) != known[name].size:
+                    raise CheckpointError("%s changed while it was hashed (%d bytes read, %d now); was runsc "
+                                          "still writing it?" % (name, known[name].size,
+                                                                 os.path.getsize(os.path.join(self.image_dir, name))))
             files = [{"name": name, "size": known[name].size, "chunk_sha256": list(known[name].chunk_sha256)}
                      for name in names]
             for path in paths:
@@ -241,8 +247,8 @@ class PendingCheckpoint:
                         "uid": self.uid, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                         "unix_time": time.time(), "parent": self.parent, "files": files,
                         "chunk_bytes": image_digest.CHUNK_BYTES}
-            if spec is not None:  # spec.json is one chunk: its digest is the file's sha256
-                manifest["spec_sha256"] = next(f["chunk_sha256"][0] for f in files if f["name"] == SPEC)
+            if spec is not None:
+                manifest["spec_sha256"] = hashlib.sha256(spec_bytes).hexdigest()
             for key, value in manifest_fields.items():
                 manifest.setdefault(key, value)
             manifest_path = os.path.join(self.image_dir, MANIFEST)
@@ -512,7 +518,8 @@ class CheckpointStore:
         try:
             digests = image_digest.digest_files([path for _, path, _ in chunked], chunk_bytes, direct=direct)
         except OSError as err:
-            result.problems.append("image files unreadable (%s)" % err.strerror)
+            result.problems.append("image files unreadable (%s%s)" % (err.strerror or err,
+                                                                       ": %s" % err.filename if err.filename else ""))
             return
         for (name, _, entry), digest in zip(chunked, digests):
             if digest.size != entry.get("size"):
@@ -520,10 +527,14 @@ class CheckpointStore:
                                        % (name, digest.size, entry.get("size")))
                 continue
             bad = digest.first_mismatch(entry["chunk_sha256"])
-            if bad is not None:
+            if bad is not None and len(entry["chunk_sha256"]) != len(digest.chunk_sha256):
+                result.problems.append("%s: the manifest lists %d chunk digests for %d bytes, not %d (corrupted "
+                                       "manifest)" % (name, len(entry["chunk_sha256"]), digest.size,
+                                                      len(digest.chunk_sha256)))
+            elif bad is not None:
                 start = bad * chunk_bytes
                 result.problems.append("%s sha256 mismatch in bytes %d-%d (corrupted)"
-                                       % (name, start, min(digest.size, start + chunk_bytes) - 1))
+                                       % (name, start, max(start, min(digest.size, start + chunk_bytes) - 1)))
 
     # -- removal ---------------------------------------------------------------------------
     def prune(self, job, step, keep=None):

@@ -167,13 +167,13 @@ def test_follower_digests_equal_a_read_back_whatever_the_cut_points(tmp_path, di
     written = {name: 0 for name in blobs}
     for name in blobs:
         (tmp_path / name).write_bytes(b"")
-    follower._pass(final=False)
+    follower._pass()
     for round_ in range(len(cuts["pages.img"])):
         for name, points in cuts.items():
             if round_ < len(points):
                 _append(tmp_path / name, blobs[name][written[name]:points[round_]])
                 written[name] = points[round_]
-        follower._pass(final=False)
+        follower._pass()
     assert follower.files["pages.img"].offset > CHUNK  # it did read as the file grew
     for name, blob in blobs.items():
         _append(tmp_path / name, blob[written[name]:])
@@ -200,7 +200,7 @@ def test_follower_leaves_out_files_replaced_or_shrunk_after_it_read_them(tmp_pat
     follower = image_digest.ImageFollower(str(tmp_path), chunk_bytes=CHUNK)
     for name in ("replaced.img", "shrunk.img", "kept.img"):
         (tmp_path / name).write_bytes(os.urandom(2 * MIB))
-    follower._pass(final=False)
+    follower._pass()
     (tmp_path / "other").write_bytes(b"new contents")
     os.replace(tmp_path / "other", tmp_path / "replaced.img")
     os.truncate(tmp_path / "shrunk.img", MIB)
@@ -221,8 +221,52 @@ def test_stopped_follower_closes_its_files(tmp_path):
     (tmp_path / "image.img").write_bytes(b"abc")
     before = set(os.listdir("/proc/self/fd"))
     follower = image_digest.ImageFollower(str(tmp_path), chunk_bytes=CHUNK)
-    follower._pass(final=False)
+    follower._pass()
     assert "image.img" in follower.files
     follower.stop()
     assert follower.files == {}
     assert set(os.listdir("/proc/self/fd")) <= before
+
+
+def test_short_reads_in_the_middle_of_a_file_are_read_on(tmp_path, monkeypatch):
+    """NFS and FUSE may return less than asked before the end of the file: that is not the file's end."""
+    real = os.preadv
+
+    def half(fd, buffers, offset):
+        (view,) = buffers
+        return real(fd, [view[:max(4096, len(view) // 2)]], offset)
+
+    monkeypatch.setattr(os, "preadv", half)
+    blob = os.urandom(2 * CHUNK + 777)
+    path = tmp_path / "pages.img"
+    path.write_bytes(blob)
+    (digest,) = image_digest.digest_files([str(path)], chunk_bytes=CHUNK)
+    assert digest.size == len(blob) and digest.chunk_sha256 == _expected(blob)
+
+
+def test_workers_default_to_the_cpus_but_at_most_max_workers(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(192)))
+    assert image_digest._default_workers() == image_digest.MAX_WORKERS
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3})
+    assert image_digest._default_workers() == 1
+
+
+@needs_root
+def test_a_manifest_whose_chunk_list_does_not_fit_the_size_is_reported_as_such(tmp_path):
+    store, ckpt = _published(tmp_path, os.urandom(MIB))
+    entry = next(f for f in ckpt.manifest["files"] if f["name"] == "pages.img")
+    entry["chunk_sha256"].append(entry["chunk_sha256"][0])
+    assert store.verify(ckpt).problems == ["pages.img: the manifest lists 2 chunk digests for %d bytes, not 1 "
+                                           "(corrupted manifest)" % MIB]
+
+
+@needs_root
+def test_an_unreadable_image_is_named(tmp_path, monkeypatch):
+    store, ckpt = _published(tmp_path, os.urandom(MIB))
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(errno.EACCES, "Permission denied", os.path.join(ckpt.path, "pages.img"))
+
+    monkeypatch.setattr(image_digest, "digest_files", refuse)
+    (problem,) = store.verify(ckpt).problems
+    assert problem == "image files unreadable (Permission denied: %s)" % os.path.join(ckpt.path, "pages.img")

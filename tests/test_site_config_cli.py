@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from slurmbox.site_config.model import compile_site, load_site_file
 
@@ -123,15 +124,27 @@ def test_dev_cluster_up_boots_from_rendered_files(tmp_path, monkeypatch):
     from slurmbox.cli.main import cli
     from slurmbox.dev_cluster import cluster as cluster_module
 
-    site = os.path.join(EXAMPLES_DIR, "mi300x-rocm.yaml")
-    out = tmp_path / "rendered"
-    assert slurmbox("config", "render", site, "--out", str(out)).returncode == 0
-    made = {}
+    from slurmbox.site_config.model import SiteLoader
 
-    class FakeCluster:
+    example = yaml.load(open(os.path.join(EXAMPLES_DIR, "mi300x-rocm.yaml")).read(), Loader=SiteLoader)
+    group = next(iter(example["node_groups"].values()))
+    group.update(nodes="n[1-2]", node_addr=["10.213.7.11", "10.213.7.12"])
+    example["slurmbox"] = {"site_config": str(tmp_path / "c" / "etc" / "site.yaml"),
+                           "runtime_dir": str(tmp_path / "c" / "run" / "slurmbox")}
+    site = tmp_path / "site.yaml"
+    site.write_text(yaml.safe_dump(example, sort_keys=False))
+    site = str(site)
+    out = tmp_path / "rendered"
+    rendered = slurmbox("config", "render", site, "--out", str(out))
+    assert rendered.returncode == 0, rendered.stderr
+    made = {}
+    real = cluster_module.DevCluster
+
+    class FakeCluster(real):
         def __init__(self, directory, nodes, gpus_per_node, subnet, prefix, nodes_conf=None, extra_files=None):
+            super().__init__(directory, nodes, gpus_per_node, subnet, prefix, nodes_conf=nodes_conf,
+                             extra_files=extra_files)
             made.update(directory=directory, nodes_conf=nodes_conf, extra_files=extra_files)
-            self.node_names = ["n1", "n2"]
 
         def up(self):
             return "/x/etc/slurm.conf"
@@ -145,6 +158,17 @@ def test_dev_cluster_up_boots_from_rendered_files(tmp_path, monkeypatch):
     expected = {name: (out / name).read_text() for name in ("gres.conf", "cgroup.conf", "plugstack.conf")}
     expected["site.yaml"] = open(site).read()
     assert made["extra_files"] == expected  # no topology.conf was rendered, none is passed
+
+    # An example rendered as shipped names other nodes and paths: refused before anything starts.
+    shipped = tmp_path / "shipped"
+    assert slurmbox("config", "render", os.path.join(EXAMPLES_DIR, "mi300x-rocm.yaml"), "--out",
+                    str(shipped)).returncode == 0
+    made.clear()
+    refused = CliRunner().invoke(cli, ["dev-cluster", "up", "--rendered", str(shipped), "--dir", str(tmp_path / "c")])
+    assert refused.exit_code != 0 and "do not fit this dev cluster" in refused.output, refused.output
+    assert "names node(s) mi300x-01" in refused.output and "name the site's nodes n1..n2" in refused.output
+    assert "set slurmbox.site_config: %s" % (tmp_path / "c" / "etc" / "site.yaml") in refused.output
+    assert "set slurmbox.runtime_dir:" in refused.output
 
     (out / "slurm-nodes.conf").unlink()
     missing = CliRunner().invoke(cli, ["dev-cluster", "up", "--rendered", str(out), "--dir", str(tmp_path / "c")])

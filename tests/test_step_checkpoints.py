@@ -298,21 +298,133 @@ def test_selection_skips_other_command_lines_and_peers_barrier(tmp_path):
     assert step_checkpoint.peers_saved(store, "7", "0", 2, 2, "a" * 64) == set()
 
 
-def test_peer_requests_are_private_and_belong_to_one_run_and_command(tmp_path):
+def test_peer_requests_are_private_taken_once_and_belong_to_one_run_and_command(tmp_path):
     store = CheckpointStore(str(tmp_path / "store"))
-    request = {"reason": "spot: aws", "restart_count": 2, "command_sha256": "a" * 64, "from_rank": 0}
-    path = store.write_private("7", "0.node1", step_checkpoint.PEER_REQUEST, json.dumps(request).encode(),
-                               os.getuid())
+    request = {"reason": "spot: aws", "evacuation_id": "e1", "restart_count": 2, "command_sha256": "a" * 64,
+               "from_rank": 0}
+
+    def put():
+        return store.write_private("7", "0.node1", step_checkpoint.PEER_REQUEST, json.dumps(request).encode(),
+                                   os.getuid())
+
+    path = put()
     assert os.stat(path).st_mode & 0o777 == 0o600
-    assert step_checkpoint.peer_request(store, "7", "0.node1", 2, "a" * 64) == "spot: aws"
-    assert step_checkpoint.peer_request(store, "7", "0.node1", 3, "a" * 64) is None  # another run
-    assert step_checkpoint.peer_request(store, "7", "0.node1", 2, "b" * 64) is None  # another command line
-    assert step_checkpoint.peer_request(store, "7", "0.node0", 2, "a" * 64) is None  # not asked
-    # The request is not a checkpoint: listing and gc do not see it.
-    assert store.checkpoints("7", "0.node1") == [] and path in [os.path.join(store.step_dir("7", "0.node1"), n)
-                                                                 for n in os.listdir(store.step_dir("7", "0.node1"))]
+    # The request is not a checkpoint: listing and gc leave it alone.
+    assert store.checkpoints("7", "0.node1") == [] and store.gc() == [] and os.path.exists(path)
+    assert step_checkpoint.take_peer_request(store, "7", "0.node1", 2, "a" * 64) == request
+    assert not os.path.exists(path)  # taken: a later SIGTERM of this run is no request
+    assert step_checkpoint.take_peer_request(store, "7", "0.node1", 2, "a" * 64) is None
+    put()
+    assert step_checkpoint.take_peer_request(store, "7", "0.node1", 3, "a" * 64) is None  # another run
+    put()
+    assert step_checkpoint.take_peer_request(store, "7", "0.node1", 2, "b" * 64) is None  # another command line
+    assert step_checkpoint.take_peer_request(store, "7", "0.node0", 2, "a" * 64) is None  # not asked
     with pytest.raises(CheckpointError, match="must start with '.'"):
         store.write_private("7", "0.node1", "evacuate.json", b"{}", os.getuid())
+
+
+class _FakeSupervisor:
+    """What step_checkpoint needs of a step supervisor: rank 0 of a step of ``nodes`` nodes."""
+
+    def __init__(self, store, nodes=2, rank=0):
+        import types
+        self.step_manifest = step_checkpoint.manifest_fields("0", rank, nodes, "a" * 64, 0)
+        self.args = types.SimpleNamespace(job="7", uid=os.getuid())
+        self._store, self.said = store, []
+
+    def store(self):
+        return self._store
+
+    def _slurm_env(self):
+        return {}
+
+    def say(self, fd, message):
+        self.said.append(message)
+
+
+def _evacuation(reason):
+    from slurmbox.migrate.sandbox_task import Evacuation
+    return Evacuation(reason)
+
+
+@pytest.fixture
+def fake_slurm(monkeypatch):
+    from slurmbox.slurm_client import scontrol
+    state = {"job": {"BatchFlag": "1", "Requeue": "1", "NumNodes": "2", "JobState": "RUNNING"}, "signals": []}
+    monkeypatch.setattr(scontrol, "show_job", lambda job, env=None, details=False: dict(state["job"]))
+    monkeypatch.setattr(scontrol, "signal_step", lambda job, step, signum, env=None: state["signals"].append(
+        (job, step, signum)))
+    return state
+
+
+def test_request_peers_asks_every_other_rank_and_signals_the_step(tmp_path, fake_slurm):
+    import signal
+    store = CheckpointStore(str(tmp_path / "store"))
+    sup = _FakeSupervisor(store, nodes=2)
+    evacuation = _evacuation("firmware")
+    assert step_checkpoint.request_peers(sup, evacuation, None) == 1
+    assert fake_slurm["signals"] == [("7", "0", signal.SIGTERM)]
+    taken = step_checkpoint.take_peer_request(store, "7", "0.node1", 0, "a" * 64)
+    assert taken["reason"] == "firmware" and taken["evacuation_id"] == evacuation.evacuation_id
+    assert not os.path.exists(store.step_dir("7", "0.node0") + "/" + step_checkpoint.PEER_REQUEST)
+    assert sup.said == ["firmware: asked the other 1 rank(s) of step 0 to checkpoint too"]
+
+
+def test_request_peers_trusts_the_jobs_node_count_not_the_task_environment(tmp_path, fake_slurm):
+    store = CheckpointStore(str(tmp_path / "store"))
+    sup = _FakeSupervisor(store, nodes=1000000)  # SLURM_STEP_NUM_NODES as a user could set it
+    evacuation = _evacuation("spot")
+    assert step_checkpoint.request_peers(sup, evacuation, None) == 1 and evacuation.peer_nodes == 2
+    assert store.steps("7") == ["0.node1"]  # one request, for the one other rank the job has
+
+
+@pytest.mark.parametrize("job", [{"BatchFlag": "0", "Requeue": "1", "NumNodes": "2"},
+                                 {"BatchFlag": "1", "Requeue": "0", "NumNodes": "2"}])
+def test_request_peers_leaves_the_other_ranks_alone_when_the_job_cannot_be_requeued(tmp_path, fake_slurm, job):
+    fake_slurm["job"] = job
+    store = CheckpointStore(str(tmp_path / "store"))
+    sup = _FakeSupervisor(store, nodes=2)
+    assert step_checkpoint.request_peers(sup, _evacuation("firmware"), None) == 0
+    assert fake_slurm["signals"] == [] and store.steps("7") == []
+    assert "cannot be requeued" in sup.said[0]
+
+
+def test_preemptions_and_periodic_checkpoints_ask_no_peers(tmp_path, fake_slurm):
+    sup = _FakeSupervisor(CheckpointStore(str(tmp_path / "store")), nodes=2)
+    for reason in ("preemption", "periodic"):
+        assert step_checkpoint.request_peers(sup, _evacuation(reason), None) == 0
+    asked = _evacuation("spot")
+    asked.from_peer = True
+    assert step_checkpoint.request_peers(sup, asked, None) == 0 and fake_slurm["signals"] == []
+
+
+def test_a_rank_asked_by_a_peer_does_not_requeue(tmp_path, fake_slurm):
+    sup = _FakeSupervisor(CheckpointStore(str(tmp_path / "store")), nodes=2, rank=1)
+    evacuation = _evacuation("firmware")
+    evacuation.from_peer = True
+    assert step_checkpoint.before_requeue(sup, evacuation, None, None) is False
+    assert evacuation.outcome == "requeued" and "at another rank's request" in evacuation.message
+
+
+def test_the_evacuated_rank_waits_for_the_ranks_it_asked_even_without_its_own_checkpoint(tmp_path, fake_slurm,
+                                                                                        monkeypatch):
+    waited = []
+    monkeypatch.setattr(step_checkpoint, "wait_for_peers", lambda *a, **k: waited.append((a, k)) or [])
+    sup = _FakeSupervisor(CheckpointStore(str(tmp_path / "store")), nodes=2)
+    evacuation = _evacuation("firmware")
+    evacuation.peers_asked, evacuation.peer_nodes, evacuation.evacuation_id = 1, 2, "e1"
+    assert step_checkpoint.before_requeue(sup, evacuation, None, None) is True
+    assert len(waited) == 1 and waited[0][1]["evacuation_id"] == "e1" and waited[0][0][3] == 2
+
+
+def test_peers_saved_counts_only_this_evacuation(tmp_path):
+    store = CheckpointStore(str(tmp_path / "store"))
+    uid = os.getuid()
+    fields = dict(step_checkpoint.manifest_fields("0", 1, 2, "a" * 64, 0))
+    _publish(store, "7", "0.node1", dict(fields, evacuation_id="old"), uid)  # an earlier evacuation of this run
+    assert step_checkpoint.peers_saved(store, "7", "0", 2, 0, "a" * 64, evacuation_id="new") == set()
+    _publish(store, "7", "0.node1", dict(fields, evacuation_id="new"), uid)
+    assert step_checkpoint.peers_saved(store, "7", "0", 2, 0, "a" * 64, evacuation_id="new") == {1}
 
 
 def test_checkpoint_ls_verify_gc_cover_step_checkpoints(tmp_path):
