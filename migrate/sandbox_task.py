@@ -26,7 +26,7 @@ import time
 from slurmbox.migrate import triggers
 from slurmbox.migrate.runsc_checkpoint import (CheckpointFailed, checkpoint_sandbox, restore_argv, restore_flags,
                                                runsc_description)
-from slurmbox.migrate.step_checkpoint import before_requeue, request_peers, take_peer_request
+from slurmbox.migrate.step_checkpoint import PEER_SIGNAL_WAIT_S, before_requeue, request_peers, take_peer_request
 from slurmbox.migrate.store import CheckpointError
 from slurmbox.slurm_client import scontrol
 
@@ -193,7 +193,7 @@ class CheckpointableTask:
     def _peer_request(self):
         """Another rank's request that this rank checkpoint (step_checkpoint.take_peer_request), or None."""
         fields = self.sup.step_manifest
-        if not fields or fields.get("step_nodes", 1) <= 1 or self.settings.mode != "transparent":
+        if not fields or fields.get("step_nodes", 1) <= 1 or self.settings.mode not in ("transparent", "signal"):
             return None
         try:
             return take_peer_request(self.sup.store(), self.sup.args.job, self.sup.checkpoint_step,
@@ -213,6 +213,8 @@ class CheckpointableTask:
             self._evacuate(evacuation)
         if wait:
             deadline = SIGNAL_DEADLINE_S if self.settings.mode == "signal" else EVACUATION_TIMEOUT_S
+            if self.settings.mode == "signal" and evacuation.peers_asked:
+                deadline += PEER_SIGNAL_WAIT_S  # after its own program, it waits for the other ranks' programs
             if not evacuation.decided.wait(deadline) and self.settings.mode == "signal":
                 self.sup.say(self.err_fd, "the program did not exit within %.0f s of its checkpoint signal; "
                              "requeueing the job anyway" % deadline)
@@ -240,14 +242,14 @@ class CheckpointableTask:
 
     def _evacuate_steps(self, evacuation, requeue):
         job = self.sup.args.job
+        if requeue:
+            evacuation.peers_asked = request_peers(self.sup, evacuation, self.err_fd)
         if self.settings.mode == "signal":
             evacuation.signalled = True
             self.sup.say(self.err_fd, "%s: sending signal %d to the program so it saves its state; the job is "
                          "requeued when it exits" % (evacuation.reason, self.settings.signal))
             self._kill(self.settings.signal)
             return  # decided in after_exit once the program has exited
-        if requeue:
-            evacuation.peers_asked = request_peers(self.sup, evacuation, self.err_fd)
         ckpt = None
         try:
             store = self.sup.store()

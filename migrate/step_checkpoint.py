@@ -14,8 +14,9 @@ them independently is consistent as long as every rank was saved by the same
 evacuation: a preemption reaches every rank, a spot notice or maintenance
 reaches one node and its rank asks the others (``request_peers``), and the
 rank that requeues the job first waits for every rank's checkpoint
-(``wait_for_peers``). In ``signal`` mode only the evacuated node's rank is
-signalled by a spot notice or maintenance; the others get Slurm's SIGTERM.
+(``wait_for_peers``). In ``signal`` mode the ranks asked signal their own
+programs, report when they have exited (``PEER_DONE``), and the rank that
+asked requeues once all have.
 
 A checkpoint also records ``command_sha256``: the step's argv and shape
 (nodes, tasks). A step whose command line differs (the script took another
@@ -36,6 +37,9 @@ import time
 SHAPE_VARIABLES = ("SLURM_STEP_NUM_NODES", "SLURM_STEP_NUM_TASKS")
 #: Seconds a preempted rank waits for the other ranks' checkpoints before requeueing anyway.
 PEER_WAIT_S = 20.0
+#: Seconds the rank of an evacuated node waits, in signal mode, for the other ranks' programs to save their
+#: state and exit (as long as slurmbox.migrate.sandbox_task waits for its own program).
+PEER_SIGNAL_WAIT_S = 60.0
 #: Seconds between looks at the store while waiting for the other ranks.
 PEER_POLL_S = 0.2
 
@@ -110,10 +114,15 @@ def peers_saved(store, job, step, nodes, restarts, digest, evacuation_id=None):
     ``restart_count``, the same ``command_sha256`` and: with
     ``evacuation_id`` (a spot notice or maintenance that one rank passed on,
     request_peers), that ``evacuation_id``; without, reason ``preemption``
-    (Slurm preempts a job once per run).
+    (Slurm preempts a job once per run). With ``evacuation_id`` a rank also
+    counts when it reported that evacuation done (``PEER_DONE``: in signal
+    mode its program saved its own state and exited; no checkpoint of ours).
     """
     done = set()
     for rank in range(nodes):
+        if evacuation_id and _reported_done(store, job, step_key(step, rank), evacuation_id):
+            done.add(rank)
+            continue
         try:
             found = store.checkpoints(job, step_key(step, rank))
         except OSError:
@@ -192,6 +201,16 @@ def srun_step_settings(settings, step, local_tasks, task_env, argv, terminal):
 
 #: File in a rank's store directory by which another rank asks it to checkpoint (root only, JSON).
 PEER_REQUEST = ".evacuate.json"
+#: File in a rank's store directory saying it finished the evacuation a peer asked for (root only, JSON).
+PEER_DONE = ".evacuated.json"
+
+
+def _reported_done(store, job, key, evacuation_id):
+    try:
+        with open(os.path.join(store.step_dir(job, key), PEER_DONE)) as handle:
+            return json.load(handle).get("evacuation_id") == evacuation_id
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def job_allows_requeue(record):
@@ -302,13 +321,18 @@ def before_requeue(sup, evacuation, ckpt, err_fd):
         return True
     step = fields["slurm_step"]
     if evacuation.from_peer:
-        evacuation.finish("requeued", "%s: rank %d of step %s checkpointed at another rank's request; that rank "
-                          "requeues job %s" % (evacuation.reason, fields["node_rank"], step, sup.args.job))
+        _report_done(sup, evacuation, fields, err_fd)  # the rank that asked waits for this (peers_saved)
+        evacuation.finish("requeued", "%s: rank %d of step %s %s at another rank's request; that rank requeues job "
+                          "%s" % (evacuation.reason, fields["node_rank"], step,
+                                  "saved its state" if evacuation.signalled else "checkpointed", sup.args.job))
         sup.say(err_fd, evacuation.message)
         return False
     if evacuation.reason != "preemption":
+        if evacuation.peers_asked and evacuation.signalled:
+            _report_done(sup, evacuation, fields, err_fd)  # its own rank counts too: no checkpoint of ours
         if evacuation.peers_asked:
-            _wait_and_report(sup, evacuation, fields, evacuation.peer_nodes, err_fd)
+            _wait_and_report(sup, evacuation, fields, evacuation.peer_nodes, err_fd,
+                             PEER_SIGNAL_WAIT_S if evacuation.signalled else PEER_WAIT_S)
         return True
     if ckpt is None:
         evacuation.finish("requeued", "rank %d of step %s has stopped; Slurm requeues job %s when its GraceTime "
@@ -317,6 +341,15 @@ def before_requeue(sup, evacuation, ckpt, err_fd):
         return False
     _wait_and_report(sup, evacuation, fields, _preempted_nodes(sup, fields), err_fd)
     return True
+
+
+def _report_done(sup, evacuation, fields, err_fd):
+    """Write this rank's PEER_DONE for ``evacuation`` (its program saved its state, or it checkpointed)."""
+    try:
+        sup.store().write_private(sup.args.job, step_key(fields["slurm_step"], fields["node_rank"]), PEER_DONE,
+                                  json.dumps({"evacuation_id": evacuation.evacuation_id}).encode(), sup.args.uid)
+    except Exception as err:  # the rank that asked then waits its full timeout
+        sup.say(err_fd, "cannot report the end of this rank's evacuation: %s" % err)
 
 
 def _preempted_nodes(sup, fields):
@@ -328,14 +361,16 @@ def _preempted_nodes(sup, fields):
         return int(fields.get("step_nodes", 1))
 
 
-def _wait_and_report(sup, evacuation, fields, nodes, err_fd):
+def _wait_and_report(sup, evacuation, fields, nodes, err_fd, timeout=PEER_WAIT_S):
     step = fields["slurm_step"]
     missing = wait_for_peers(sup.store(), sup.args.job, step, nodes, fields["restart_count"],
-                             fields["command_sha256"], evacuation_id=evacuation.evacuation_id)
+                             fields["command_sha256"], timeout=timeout, evacuation_id=evacuation.evacuation_id)
     if missing:
-        sup.say(err_fd, "%s: ranks %s of step %s published no checkpoint within %.0f s; requeueing job %s "
-                "anyway (they restart from an older checkpoint or from the beginning)"
-                % (evacuation.reason, ",".join(map(str, missing)), step, PEER_WAIT_S, sup.args.job))
+        sup.say(err_fd, "%s: ranks %s of step %s %s within %.0f s; requeueing job %s anyway (they restart from "
+                "an older checkpoint or from the beginning)"
+                % (evacuation.reason, ",".join(map(str, missing)), step,
+                   "did not report their state saved" if evacuation.signalled else "published no checkpoint",
+                   timeout, sup.args.job))
 
 
 #: Seconds an srun step whose job was requeued keeps its task (srun) waiting for Slurm to end it.

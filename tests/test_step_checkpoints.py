@@ -212,24 +212,49 @@ def test_migrating_one_node_of_a_two_node_step_checkpoints_every_rank(cluster, w
     _leftovers(cluster, job)
 
 
-def test_two_node_step_in_signal_mode_saves_its_own_state_on_each_rank(cluster, workdir):
-    # Each rank's program saves its counter on SIGUSR1 and resumes from it; no rank may requeue the job
-    # while the other is still saving, so Slurm requeues it when GraceTime ends.
-    program = ('i=0; f=state.$SLURM_NODEID; [ -f "$f" ] && i=$(cat "$f") && echo "rank $SLURM_NODEID resumed at $i" >&2; '
-               'trap \'echo $i > "$f"; echo "rank $SLURM_NODEID saved $i" >&2; exit 0\' USR1; '
-               'while [ "$i" -lt 250 ]; do i=$((i+1)); echo "$SLURM_NODEID:$i"; sleep 0.05; done')
-    body = "srun -N2 -n2 --sandbox --sandbox-checkpoint=signal /bin/sh -c '%s'" % program.replace("'", "'\\''")
+def test_migrating_one_node_of_a_two_node_signal_mode_step_signals_every_rank(cluster, workdir):
+    """Signal mode: each rank's program gets its signal, saves its own state, and resumes from it."""
+    body = "srun -N2 -n2 --sandbox --sandbox-checkpoint=signal /bin/sh -c '%s'" % SAVING_PROGRAM.replace("'", "'\\''")
     job, out, err = submit(cluster, workdir, step_script(os.path.join(workdir, "job.sh"), body, "-p spot -N2 -n2"))
     cluster.wait_for(lambda: running_node(cluster, job), timeout=60, what="job to start")
     cluster.wait_for(lambda: len(lines(out)) >= 60, timeout=120, what="60 lines")
-    preempt(cluster, workdir, "n1")
+    result = _slurmbox(cluster, "migrate", "--node", "n1", "--no-drain", "--reason", "firmware", "--runtime-dir",
+                       cluster.runtime_dir, "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
     wait_done(cluster, job, out, count=500, timeout=300)
+    errors = _assert_each_rank_resumed_its_own_state(out, err)
+    assert "firmware: asked the other 1 rank(s) of step 0 to checkpoint too" in errors, errors
+    assert "firmware: rank 1 of step 0 saved its state at another rank's request" in errors, errors
+    assert "did not report" not in errors and "checkpointed job" not in errors, errors
+    _leftovers(cluster, job)
+
+
+# Each rank counts to 250, saves its count on SIGUSR1 and resumes from it after the requeue.
+SAVING_PROGRAM = ('i=0; f=state.$SLURM_NODEID; [ -f "$f" ] && i=$(cat "$f") && echo "rank $SLURM_NODEID resumed at $i" >&2; '
+                  'trap \'echo $i > "$f"; echo "rank $SLURM_NODEID saved $i" >&2; exit 0\' USR1; '
+                  'while [ "$i" -lt 250 ]; do i=$((i+1)); echo "$SLURM_NODEID:$i"; sleep 0.05; done')
+
+
+def _assert_each_rank_resumed_its_own_state(out, err):
     errors = open(err).read()
     for rank in (0, 1):
         seen = [line.split(":", 1)[1] for line in lines(out) if line.startswith("%d:" % rank)]
         assert seen == [str(i) for i in range(1, 251)], (rank, len(seen), seen[:3], seen[-3:])
         saved = re.search(r"rank %d saved (\d+)" % rank, errors)
         assert saved and "rank %d resumed at %s" % (rank, saved.group(1)) in errors, errors
+    return errors
+
+
+def test_two_node_step_in_signal_mode_saves_its_own_state_on_each_rank(cluster, workdir):
+    # Each rank's program saves its counter on SIGUSR1 and resumes from it; no rank may requeue the job
+    # while the other is still saving, so Slurm requeues it when GraceTime ends.
+    body = "srun -N2 -n2 --sandbox --sandbox-checkpoint=signal /bin/sh -c '%s'" % SAVING_PROGRAM.replace("'", "'\\''")
+    job, out, err = submit(cluster, workdir, step_script(os.path.join(workdir, "job.sh"), body, "-p spot -N2 -n2"))
+    cluster.wait_for(lambda: running_node(cluster, job), timeout=60, what="job to start")
+    cluster.wait_for(lambda: len(lines(out)) >= 60, timeout=120, what="60 lines")
+    preempt(cluster, workdir, "n1")
+    wait_done(cluster, job, out, count=500, timeout=300)
+    errors = _assert_each_rank_resumed_its_own_state(out, err)
     assert "Slurm requeues job %s when its GraceTime ends" % job in errors, errors
     assert "checkpointed job" not in errors
     _leftovers(cluster, job)
@@ -398,12 +423,17 @@ def test_preemptions_and_periodic_checkpoints_ask_no_peers(tmp_path, fake_slurm)
     assert step_checkpoint.request_peers(sup, asked, None) == 0 and fake_slurm["signals"] == []
 
 
-def test_a_rank_asked_by_a_peer_does_not_requeue(tmp_path, fake_slurm):
-    sup = _FakeSupervisor(CheckpointStore(str(tmp_path / "store")), nodes=2, rank=1)
+def test_a_rank_asked_by_a_peer_does_not_requeue_and_reports_its_evacuation_done(tmp_path, fake_slurm):
+    store = CheckpointStore(str(tmp_path / "store"))
+    sup = _FakeSupervisor(store, nodes=2, rank=1)
     evacuation = _evacuation("firmware")
-    evacuation.from_peer = True
+    evacuation.from_peer, evacuation.evacuation_id, evacuation.signalled = True, "e7", True
     assert step_checkpoint.before_requeue(sup, evacuation, None, None) is False
-    assert evacuation.outcome == "requeued" and "at another rank's request" in evacuation.message
+    assert evacuation.outcome == "requeued"
+    assert "rank 1 of step 0 saved its state at another rank's request" in evacuation.message
+    # signal mode: no checkpoint of ours, but the rank that asked sees the evacuation done
+    assert step_checkpoint.peers_saved(store, "7", "0", 2, 0, "a" * 64, evacuation_id="e7") == {1}
+    assert step_checkpoint.peers_saved(store, "7", "0", 2, 0, "a" * 64, evacuation_id="e8") == set()
 
 
 def test_the_evacuated_rank_waits_for_the_ranks_it_asked_even_without_its_own_checkpoint(tmp_path, fake_slurm,
@@ -415,6 +445,17 @@ def test_the_evacuated_rank_waits_for_the_ranks_it_asked_even_without_its_own_ch
     evacuation.peers_asked, evacuation.peer_nodes, evacuation.evacuation_id = 1, 2, "e1"
     assert step_checkpoint.before_requeue(sup, evacuation, None, None) is True
     assert len(waited) == 1 and waited[0][1]["evacuation_id"] == "e1" and waited[0][0][3] == 2
+
+
+def test_in_signal_mode_the_evacuated_rank_counts_itself_done_once_its_program_exited(tmp_path, fake_slurm):
+    store = CheckpointStore(str(tmp_path / "store"))
+    sup = _FakeSupervisor(store, nodes=2)
+    evacuation = _evacuation("firmware")
+    evacuation.peers_asked, evacuation.peer_nodes, evacuation.evacuation_id, evacuation.signalled = 1, 2, "e9", True
+    store.write_private("7", "0.node1", step_checkpoint.PEER_DONE, json.dumps({"evacuation_id": "e9"}).encode(),
+                        os.getuid())  # rank 1's program has saved its state
+    assert step_checkpoint.before_requeue(sup, evacuation, None, None) is True
+    assert not any("did not report" in line for line in sup.said), sup.said  # no wait: both ranks are done
 
 
 def test_peers_saved_counts_only_this_evacuation(tmp_path):
