@@ -60,7 +60,7 @@ def one_round(slurm_conf, work, index, delay):
 
     job = as_user("sbatch", "--parsable", "-o", out, "-e", out + ".err", script).split(";")[0]
     node = wait_until(lambda: record(job).get("NodeList") if record(job).get("JobState") == "RUNNING" else None,
-                 120, "job %s to start" % job)
+                      120, "job %s to start" % job)
     wait_until(lambda: len(_numbers(out)) >= 1, 60, "job %s to print" % job)
     time.sleep(delay)  # the random moment of the preemption is the point of this benchmark
     as_user("sbatch", "--parsable", "-p", "ondemand", "-w", node, "--exclusive", "-o", "/dev/null",
@@ -69,10 +69,10 @@ def one_round(slurm_conf, work, index, delay):
     wait_until(lambda: record(job).get("Restarts", "0") != "0", 120, "job %s to be requeued" % job)
     at_requeue = len(_numbers(out))  # the sandbox was checkpointed and stopped before Slurm requeued the job
     wait_until(lambda: len(_numbers(out)) > at_requeue or record(job).get("JobState") == "COMPLETED", 300,
-          "job %s to print again" % job)
+               "job %s to print again" % job)
     again = time.monotonic() - preempted
     wait_until(lambda: record(job).get("JobState") in ("COMPLETED", "FAILED", "CANCELLED"), 300,
-          "job %s to end" % job)
+               "job %s to end" % job)
     exact = _numbers(out) == [str(i) for i in range(1, COUNT + 1)]
     return exact, int(record(job).get("Restarts", "0")), again
 

@@ -129,9 +129,7 @@ def dev_cluster_up(nodes, gpus_per_node, subnet, prefix, rendered, site_config, 
     try:
         nodes_conf, extra_files = _rendered_files(rendered, site_config)
         cluster = DevCluster(directory, nodes, gpus_per_node, subnet, prefix, nodes_conf=nodes_conf,
-                             extra_files=extra_files)
-        if rendered:
-            _check_rendered_fits(cluster, nodes_conf, extra_files)
+                             extra_files=extra_files)  # refuses rendered files that do not fit
         conf = cluster.up()
     except DevClusterError as err:
         raise click.ClickException(str(err))
@@ -169,35 +167,6 @@ def _rendered_files(rendered, site_config):
         raise click.ClickException("cannot read the rendered files in %s: %s (run 'slurmbox config render FILE "
                                    "--out %s' first)" % (rendered, err, rendered))
     return nodes_conf, extra
-
-
-def _check_rendered_fits(cluster, nodes_conf, extra_files):
-    """Refuse rendered files this dev cluster cannot boot from, before any daemon starts (click.ClickException)."""
-    import re
-
-    from slurmbox.site_config.slurm_syntax import SyntaxProblem, expand_hostlist
-
-    problems = []
-    expected = set(cluster.node_names)
-    for match in re.finditer(r"^\s*NodeName=(\S+)", nodes_conf, re.M):
-        try:
-            names = expand_hostlist(match.group(1))
-        except SyntaxProblem as err:
-            raise click.ClickException("slurm-nodes.conf: NodeName=%s: %s" % (match.group(1), err))
-        stray = [name for name in names if name not in expected]
-        if stray:
-            problems.append("slurm-nodes.conf names node(s) %s; the dev cluster's nodes are %s (name the site's "
-                            "nodes n1..n%d, with node_addr 10.213.%d.11, .12, ...)"
-                            % (",".join(stray[:4]) + (",..." if len(stray) > 4 else ""), ",".join(cluster.node_names),
-                               len(cluster.node_names), cluster.subnet))
-    plugstack = dict(re.findall(r"(site_config|runtime_dir)=(\S+)", extra_files.get("plugstack.conf", "")))
-    for key, want, setting in (("site_config", cluster.site_config, "slurmbox.site_config"),
-                               ("runtime_dir", cluster.runtime_dir, "slurmbox.runtime_dir")):
-        if key in plugstack and plugstack[key] != want:
-            problems.append("plugstack.conf has %s=%s; this dev cluster needs %s (set %s: %s in the site file and "
-                            "render again)" % (key, plugstack[key], want, setting, want))
-    if problems:
-        raise click.ClickException("the rendered files do not fit this dev cluster:\n  " + "\n  ".join(problems))
 
 
 @dev_cluster.command("down")

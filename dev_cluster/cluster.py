@@ -13,12 +13,14 @@ directory and ``down`` removes it all.
 import getpass
 import json
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import time
 
+from slurmbox.site_config.slurm_syntax import SyntaxProblem, expand_hostlist
 from slurmbox.spank_plugin.install import plugstack_line
 
 NVIDIA_MAJOR = 195          # Documentation/admin-guide/devices.txt: NVIDIA char devices
@@ -86,6 +88,11 @@ class DevCluster:
       to slurm.conf (e.g. ``topology.conf``); a name the cluster writes itself
       (gres.conf, cgroup.conf, plugstack.conf, site.yaml) is replaced by the
       given text, as is.
+
+    Raises DevClusterError, before anything starts, when ``nodes_conf`` names
+    other nodes or a given plugstack.conf names another ``site_config=`` or
+    ``runtime_dir=`` than this cluster's (the message says what to set in the
+    site file).
     """
 
     def __init__(self, directory, nodes=2, gpus_per_node=2, subnet=7, prefix=DEFAULT_PREFIX,
@@ -106,6 +113,32 @@ class DevCluster:
         for name in self.extra_files:
             if "/" in name or name in ("", ".", "..", "slurm.conf", STATE_FILE):
                 raise DevClusterError("extra file name %r: give a plain file name other than slurm.conf" % name)
+        problems = self._given_files_problems()
+        if problems:
+            raise DevClusterError("the rendered files do not fit this dev cluster:\n  " + "\n  ".join(problems))
+
+    def _given_files_problems(self):
+        """What in ``nodes_conf`` and a given plugstack.conf this cluster cannot boot from (list of str)."""
+        problems = []
+        for match in re.finditer(r"^\s*NodeName=(\S+)", self.nodes_conf or "", re.M):
+            try:
+                names = expand_hostlist(match.group(1))
+            except SyntaxProblem as err:
+                problems.append("slurm-nodes.conf: NodeName=%s: %s" % (match.group(1), err))
+                continue
+            stray = [name for name in names if name not in self.node_names]
+            if stray:
+                problems.append("slurm-nodes.conf names node(s) %s; the dev cluster's nodes are %s (name the site's "
+                                "nodes n1..n%d, with node_addr 10.213.%d.11, .12, ...)"
+                                % (",".join(stray[:4]) + (",..." if len(stray) > 4 else ""),
+                                   ",".join(self.node_names), self.nodes, self.subnet))
+        plugstack = dict(re.findall(r"(site_config|runtime_dir)=(\S+)", self.extra_files.get("plugstack.conf", "")))
+        for key, want, setting in (("site_config", self.site_config, "slurmbox.site_config"),
+                                   ("runtime_dir", self.runtime_dir, "slurmbox.runtime_dir")):
+            if key in plugstack and plugstack[key] != want:
+                problems.append("plugstack.conf has %s=%s; this dev cluster needs %s (set %s: %s in the site file "
+                                "and render again)" % (key, plugstack[key], want, setting, want))
+        return problems
 
     # -- paths ---------------------------------------------------------------------
     @property

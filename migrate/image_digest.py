@@ -67,19 +67,19 @@ def chunk_count(size, chunk_bytes=CHUNK_BYTES):
 
 
 def _open(path, direct):
-    """(fd, whether O_DIRECT is on): O_DIRECT where asked and the file system takes it (some refuse
+    """A read-only fd of ``path``: with O_DIRECT where asked and the file system takes it (some refuse
     it with EINVAL: tmpfs before Linux 6.6, some FUSE file systems)."""
     if direct:
         try:
-            return os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_DIRECT), True
+            return os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_DIRECT)
         except OSError:
             pass
-    return os.open(path, os.O_RDONLY | os.O_CLOEXEC), False
+    return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
 
 
 class _Buffers(threading.local):
-    """One page-aligned read buffer per worker thread of one digest_files call (anonymous mmap:
-    page-aligned, as O_DIRECT requires); ``close`` unmaps them all once the workers are done."""
+    """One page-aligned read buffer per worker thread of one _run_jobs call (anonymous mmap:
+    page-aligned, as O_DIRECT requires); each is also listed in ``made``, for _run_jobs to unmap."""
 
     def __init__(self, made):
         self.made = made
@@ -124,15 +124,13 @@ def _run_jobs(jobs, workers):
     made = []
     buffers = _Buffers(made)
     try:
-        pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="image-digest")
-        try:
+        with ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix="image-digest") as pool:
             futures = [[pool.submit(_hash_chunk, buffers, *job) for job in file_jobs] for file_jobs in jobs]
-            return [[future.result() for future in file_futures] for file_futures in futures]
-        except BaseException:
-            pool.shutdown(wait=True, cancel_futures=True)  # a failed read stops the rest of the image
-            raise
-        finally:
-            pool.shutdown(wait=True)
+            try:
+                return [[future.result() for future in file_futures] for file_futures in futures]
+            except BaseException:
+                pool.shutdown(cancel_futures=True)  # a failed read stops the rest of the image
+                raise
     finally:
         for buf, view in made:  # the pool's threads have exited
             view.release()
@@ -155,7 +153,7 @@ def digest_files(paths, chunk_bytes=CHUNK_BYTES, direct=False, workers=None):
     try:
         jobs = []
         for path in paths:
-            fd, _ = _open(path, direct)
+            fd = _open(path, direct)
             fds.append(fd)
             size = os.fstat(fd).st_size
             jobs.append([(fd, index * chunk_bytes, min(chunk_bytes, size - index * chunk_bytes), None)
@@ -170,8 +168,8 @@ def digest_files(paths, chunk_bytes=CHUNK_BYTES, direct=False, workers=None):
 class _Followed:
     """A file being hashed as it grows: its fd, how far it is read, the current chunk's hash and the finished ones."""
 
-    def __init__(self, fd, direct, inode):
-        self.fd, self.direct, self.inode = fd, direct, inode
+    def __init__(self, fd, inode):
+        self.fd, self.inode = fd, inode
         self.offset, self.in_chunk, self.chunk, self.done = 0, 0, hashlib.sha256(), []
 
 
@@ -188,17 +186,18 @@ class ImageFollower:
     work. A file found replaced or shrunk is left out of the result (hash
     it afterwards with digest_files). Not thread-safe beyond its own thread.
 
-    ``direct``: read with O_DIRECT (for files written with O_DIRECT, which
-    are not in the page cache); while the writer runs, only whole
-    READ_BYTES pieces are read then. ``poll_s``: how long the follower
-    thread waits, seconds, when every file is read up to its current size.
+    Reads go through the page cache, where such a writer's data is: files
+    written with O_DIRECT are read back with digest_files instead (followed
+    while written, they slowed runsc's checkpoint 2x here). ``poll_s``: how
+    long the follower thread waits, seconds, when every file is read up to
+    its current size.
     Raises ValueError for a ``chunk_bytes`` that is not a multiple of READ_BYTES.
     """
 
-    def __init__(self, directory, direct=False, chunk_bytes=CHUNK_BYTES, poll_s=0.005):
+    def __init__(self, directory, chunk_bytes=CHUNK_BYTES, poll_s=0.005):
         if chunk_bytes % READ_BYTES:
             raise ValueError("chunk_bytes must be a multiple of %d" % READ_BYTES)
-        self.directory, self.direct, self.chunk_bytes, self.poll_s = directory, direct, chunk_bytes, poll_s
+        self.directory, self.chunk_bytes, self.poll_s = directory, chunk_bytes, poll_s
         self.files, self.error = {}, None
         self._stop = threading.Event()
         self._buf = mmap.mmap(-1, READ_BYTES)
@@ -227,11 +226,11 @@ class ImageFollower:
                 if name.startswith(".") or os.path.islink(path) or not os.path.isfile(path):
                     continue
                 try:
-                    fd, direct = _open(path, self.direct)
+                    fd = _open(path, direct=False)
                 except FileNotFoundError:
                     continue
                 try:
-                    state = self.files[name] = _Followed(fd, direct, os.fstat(fd).st_ino)
+                    state = self.files[name] = _Followed(fd, os.fstat(fd).st_ino)
                 except OSError:
                     os.close(fd)
                     raise
@@ -243,9 +242,7 @@ class ImageFollower:
         progressed = False
         while state.offset < size:
             want = min(READ_BYTES, size - state.offset)
-            if state.direct and want < READ_BYTES:
-                break  # O_DIRECT reads whole blocks: wait for a full piece; finish() reads the tail
-            count = os.preadv(state.fd, [self._view if state.direct else self._view[:want]], state.offset)
+            count = os.preadv(state.fd, [self._view[:want]], state.offset)
             if count <= 0:
                 break
             count = min(count, want)

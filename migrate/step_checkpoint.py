@@ -328,9 +328,9 @@ def before_requeue(sup, evacuation, ckpt, err_fd):
         sup.say(err_fd, evacuation.message)
         return False
     if evacuation.reason != "preemption":
-        if evacuation.peers_asked and evacuation.signalled:
-            _report_done(sup, evacuation, fields, err_fd)  # its own rank counts too: no checkpoint of ours
         if evacuation.peers_asked:
+            if evacuation.signalled:
+                _report_done(sup, evacuation, fields, err_fd)  # its own rank counts too: no checkpoint of ours
             _wait_and_report(sup, evacuation, fields, evacuation.peer_nodes, err_fd,
                              PEER_SIGNAL_WAIT_S if evacuation.signalled else PEER_WAIT_S)
         return True

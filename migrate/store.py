@@ -221,24 +221,23 @@ class PendingCheckpoint:
             names = [name for name in sorted(os.listdir(self.image_dir)) if name != MANIFEST
                      and os.path.isfile(os.path.join(self.image_dir, name))
                      and not os.path.islink(os.path.join(self.image_dir, name))]
-            paths = [os.path.join(self.image_dir, name) for name in names]
+            paths = {name: os.path.join(self.image_dir, name) for name in names}
             # Flush the files to disk while hashing them: fsync(2) waits on the disk, hashing on the CPUs.
-            syncer = _Syncer(paths)
+            syncer = _Syncer(list(paths.values()))
+            sizes = {name: os.path.getsize(path) for name, path in paths.items()}
             known = {name: digest for name, digest in (digests or {}).items()
-                     if digest.chunk_bytes == image_digest.CHUNK_BYTES
-                     and os.path.getsize(os.path.join(self.image_dir, name)) == digest.size}
+                     if digest.chunk_bytes == image_digest.CHUNK_BYTES and sizes.get(name) == digest.size}
             unknown = [name for name in names if name not in known]
-            read_back = image_digest.digest_files([os.path.join(self.image_dir, name) for name in unknown],
-                                                  direct=direct_read)
-            known.update(zip(unknown, read_back))
+            known.update(zip(unknown, image_digest.digest_files([paths[name] for name in unknown],
+                                                                direct=direct_read)))
             for name in names:
-                if os.path.getsize(os.path.join(self.image_dir, name)) != known[name].size:
+                now = os.path.getsize(paths[name])
+                if now != known[name].size:
                     raise CheckpointError("%s changed while it was hashed (%d bytes read, %d now); was runsc "
-                                          "still writing it?" % (name, known[name].size,
-                                                                 os.path.getsize(os.path.join(self.image_dir, name))))
+                                          "still writing it?" % (name, known[name].size, now))
             files = [{"name": name, "size": known[name].size, "chunk_sha256": list(known[name].chunk_sha256)}
                      for name in names]
-            for path in paths:
+            for path in paths.values():
                 self.store.restrict(path, self.uid)
             syncer.wait()
             if not any(f["name"] != SPEC for f in files):
@@ -526,12 +525,13 @@ class CheckpointStore:
                 result.problems.append("%s has %d bytes, manifest says %s (truncated or grown)"
                                        % (name, digest.size, entry.get("size")))
                 continue
-            bad = digest.first_mismatch(entry["chunk_sha256"])
-            if bad is not None and len(entry["chunk_sha256"]) != len(digest.chunk_sha256):
+            if len(entry["chunk_sha256"]) != len(digest.chunk_sha256):
                 result.problems.append("%s: the manifest lists %d chunk digests for %d bytes, not %d (corrupted "
                                        "manifest)" % (name, len(entry["chunk_sha256"]), digest.size,
                                                       len(digest.chunk_sha256)))
-            elif bad is not None:
+                continue
+            bad = digest.first_mismatch(entry["chunk_sha256"])
+            if bad is not None:
                 start = bad * chunk_bytes
                 result.problems.append("%s sha256 mismatch in bytes %d-%d (corrupted)"
                                        % (name, start, max(start, min(digest.size, start + chunk_bytes) - 1)))

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from slurmbox.migrate import image_digest
-from slurmbox.migrate.store import CheckpointStore
+from slurmbox.migrate.store import CheckpointError, CheckpointStore
 
 MIB = 1 << 20
 CHUNK = 8 * MIB  # the smallest chunk size digest_files takes (one read)
@@ -24,7 +24,7 @@ def _expected(blob, chunk=CHUNK):
 
 @pytest.mark.parametrize("workers", [1, 2, 3])
 @pytest.mark.parametrize("direct", [False, True])
-def test_chunk_digests_are_sha256_of_each_byte_range(tmp_path, direct, workers):
+def test_chunk_digests_are_sha256_of_each_byte_range(tmp_path, monkeypatch, direct, workers):
     sizes = [0, 1, 4096, 5000, CHUNK, CHUNK + 1, 2 * CHUNK + 123]
     blobs = [os.urandom(size) for size in sizes]
     paths = []
@@ -32,7 +32,11 @@ def test_chunk_digests_are_sha256_of_each_byte_range(tmp_path, direct, workers):
         path = tmp_path / ("f%d.img" % index)
         path.write_bytes(blob)
         paths.append(str(path))
+    real_open, opened = os.open, []
+    monkeypatch.setattr(os, "open", lambda path, flags, *a: opened.append(flags) or real_open(path, flags, *a))
     digests = image_digest.digest_files(paths, chunk_bytes=CHUNK, direct=direct, workers=workers)
+    # O_DIRECT is asked for exactly when wanted (a file system refusing it gets a plain open after it)
+    assert sum(bool(flags & os.O_DIRECT) for flags in opened) == (len(paths) if direct else 0)
     assert [d.size for d in digests] == sizes
     assert [d.chunk_sha256 for d in digests] == [_expected(b) for b in blobs]
     assert [len(d.chunk_sha256) for d in digests] == [image_digest.chunk_count(s, CHUNK) for s in sizes]
@@ -156,10 +160,9 @@ def _append(path, blob):
         handle.write(blob)
 
 
-@pytest.mark.parametrize("direct", [False, True])
-def test_follower_digests_equal_a_read_back_whatever_the_cut_points(tmp_path, direct):
+def test_follower_digests_equal_a_read_back_whatever_the_cut_points(tmp_path):
     """Passes between appends stand for the follower thread waking while runsc writes."""
-    follower = image_digest.ImageFollower(str(tmp_path), direct=direct, chunk_bytes=CHUNK)
+    follower = image_digest.ImageFollower(str(tmp_path), chunk_bytes=CHUNK)
     blobs = {"pages.img": os.urandom(2 * CHUNK + 3 * MIB + 5), "checkpoint.img": os.urandom(700_001),
              "empty.img": b""}
     cuts = {"pages.img": [1, MIB - 3, CHUNK + 1, CHUNK + 1, 2 * CHUNK, 2 * CHUNK + MIB],
@@ -270,3 +273,25 @@ def test_an_unreadable_image_is_named(tmp_path, monkeypatch):
     monkeypatch.setattr(image_digest, "digest_files", refuse)
     (problem,) = store.verify(ckpt).problems
     assert problem == "image files unreadable (Permission denied: %s)" % os.path.join(ckpt.path, "pages.img")
+
+
+@needs_root
+def test_a_file_that_grows_while_it_is_hashed_is_not_published(tmp_path, monkeypatch):
+    store = CheckpointStore(str(tmp_path / "store"), keep_last=3)
+    pending = store.begin("12", "batch", os.getuid())
+    image = os.path.join(pending.image_dir, "pages.img")
+    with open(image, "wb") as handle:
+        handle.write(os.urandom(MIB))
+    real = image_digest.digest_files
+
+    def grow_while_reading(paths, *args, **kwargs):
+        result = real(paths, *args, **kwargs)
+        with open(image, "ab") as handle:  # a writer still appending after the read
+            handle.write(b"late")
+        return result
+
+    monkeypatch.setattr(image_digest, "digest_files", grow_while_reading)
+    with pytest.raises(CheckpointError, match="pages.img changed while it was hashed .%d bytes read, %d now"
+                       % (MIB, MIB + 4)):
+        pending.publish({"node": "n1"})
+    assert store.checkpoints("12", "batch") == [] and not os.path.exists(pending.image_dir)
