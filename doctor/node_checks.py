@@ -3,6 +3,7 @@ node resources against `slurmd -C`, munge, slurmd and slurmctld reachable, cgrou
 checkpoint store space."""
 
 import os
+import re
 
 from slurmbox.doctor.context import run_tool
 from slurmbox.doctor.report import FAIL, NOT_PRESENT, PASS, WARN, Check
@@ -113,8 +114,14 @@ def check_slurmd(ctx):
                  "start slurmd on this node (systemctl start slurmd) and check its log")
 
 
+#: One controller line of `scontrol ping`: role (primary, backup, backupN), host, state
+#: (Slurm src/scontrol/scontrol.c _ping_slurmctld: "Slurmctld(%s) at %s is %s"; exit 0 when any is UP).
+_PING_LINE = re.compile(r"^Slurmctld\((\w+)\) at (\S+) is (UP|DOWN)\s*$", re.M)
+
+
 def check_slurmctld(ctx):
-    """slurmctld answers (`scontrol ping`)."""
+    """slurmctld answers (`scontrol ping`): pass when every controller is UP, warn when a backup
+    answers for a primary (or another backup) that is DOWN, fail when none answers."""
     missing = _no_slurm_conf(ctx, "node.slurmctld", "slurmctld")
     if missing:
         return missing
@@ -122,7 +129,13 @@ def check_slurmctld(ctx):
     # scontrol ping prints one "Slurmctld(primary) at HOST is UP|DOWN" line per controller, and a
     # "** RESTORE SLURMCTLD DAEMON TO SERVICE **" banner of asterisks when one is down.
     said = "; ".join(l.strip() for l in output.splitlines() if l.strip() and not l.strip().startswith("*"))
-    if status == 0 and "is UP" in output:
+    states = _PING_LINE.findall(output)
+    down = ["%s (%s)" % (host, role) for role, host, state in states if state == "DOWN"]
+    if status == 0 and any(state == "UP" for _role, _host, state in states):
+        if down:  # a backup controller took over: jobs run, but one more failure stops the cluster
+            return Check("node.slurmctld", GROUP, WARN, said,
+                         "restore slurmctld on %s; until then the cluster has no spare controller"
+                         % ", ".join(down))
         return Check("node.slurmctld", GROUP, PASS, said)
     return Check("node.slurmctld", GROUP, FAIL, "slurmctld is not reachable with SLURM_CONF=%s (exit %d): %s"
                  % (ctx.slurm_conf, status, said or "no output"),

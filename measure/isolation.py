@@ -11,6 +11,8 @@ pinned to other CPUs with sched_setaffinity(2).
 """
 
 import os
+import signal
+import time
 
 CGROUP_ROOT = "/sys/fs/cgroup"
 #: Parent cgroup of isolated measurement sandboxes (one child per candidate run). Its CPU
@@ -122,7 +124,6 @@ STALE_AFTER_S = 300
 def remove_stale_cgroups(parent, older_than_s=STALE_AFTER_S):
     """Remove ``parent``'s ``measure-*`` child cgroups that hold no process and were made more
     than ``older_than_s`` seconds ago (best effort; called as candidates start)."""
-    import time
     base = os.path.join(_v1_dir("cpuacct") if cgroup_version() == 1 else CGROUP_ROOT, parent)
     try:
         names = [name for name in os.listdir(base) if name.startswith("measure-")]
@@ -248,8 +249,6 @@ def attach(cgroups_path, pid):
 
 def kill_all(cgroups_path):
     """SIGKILL every process left in ``cgroups_path`` (children a candidate forked), then wait for it to empty."""
-    import signal
-    import time
     relative = cgroups_path.lstrip("/")
     procs = os.path.join(_v1_dir("cpuacct") if cgroup_version() == 1 else CGROUP_ROOT, relative, "cgroup.procs")
     deadline = time.monotonic() + 10

@@ -201,6 +201,28 @@ class CheckpointableTask:
         except (CheckpointError, OSError):
             return None
 
+    def _serve_peer_request(self, evacuation, ckpt):
+        """Whether the SIGTERM that interrupted periodic checkpoint ``ckpt`` was another rank's request.
+
+        A spot notice or maintenance on another node of a multi-node step
+        asks this rank to checkpoint (step_checkpoint.request_peers) with a
+        SIGTERM, which can arrive while a periodic checkpoint is being taken.
+        That checkpoint, just published, is this rank's state at the request:
+        it is reported to the rank that asked (PEER_DONE with its evacuation
+        id, step_checkpoint.before_requeue) and the sandbox stays stopped,
+        as after any checkpoint a peer asked for. Returns False when there is
+        no request for this run (Slurm is ending the step).
+        """
+        request = self._peer_request()
+        if not request:
+            return False
+        evacuation.reason, evacuation.from_peer = request["reason"], True
+        evacuation.evacuation_id = request["evacuation_id"]
+        self.sup.say(self.err_fd, "%s: another rank asked for a checkpoint while periodic checkpoint %s was being "
+                     "taken; that checkpoint is this rank's" % (evacuation.reason, ckpt.name))
+        before_requeue(self.sup, evacuation, ckpt, self.err_fd)  # from_peer: reports it done, decides "requeued"
+        return True
+
     def evacuate(self, reason, wait=True):
         """Evacuate for ``reason`` (control socket); returns the Evacuation's answer dict."""
         with self.lock:
@@ -281,6 +303,9 @@ class CheckpointableTask:
             self.sup.say(self.err_fd, "%s: checkpointed job %s as %s (%.1f MB, runsc checkpoint %.2f s)"
                          % (evacuation.reason, job, ckpt.path, size_mb, took))
             if not requeue:
+                if evacuation.interrupted == signal.SIGTERM and not self.gone and self._serve_peer_request(
+                        evacuation, ckpt):
+                    return
                 if evacuation.interrupted or self.gone:
                     # Slurm is ending the step (requeue, scancel, node failure handling): do not start the
                     # sandbox again here; the next run restores this checkpoint.

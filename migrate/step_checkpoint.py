@@ -282,8 +282,15 @@ def take_peer_request(store, job, key, restarts, digest):
     """Take (read and remove) another rank's request that rank ``key`` (store step name) of this run
     checkpoint (request_peers). Returns the request (dict with ``reason`` and ``evacuation_id``), or
     None: no request, or one of another run or command line (removed too: it can never apply)."""
-    path = os.path.join(store.step_dir(job, key), PEER_REQUEST)
+    directory = store.step_dir(job, key)
+    path = os.path.join(directory, PEER_REQUEST)
     try:
+        # The request was written by another node just before its SIGTERM. On NFS, a lookup of a name this
+        # client last saw missing can be answered from its cached negative entry (nfs(5), lookupcache=all,
+        # the default); opening and reading the directory revalidates it (close-to-open coherence), so the
+        # directory is listed before the file is opened.
+        if PEER_REQUEST not in os.listdir(directory):
+            return None
         with open(path) as handle:
             request = json.load(handle)
     except (OSError, ValueError):

@@ -102,6 +102,21 @@ def test_slurmctld_up_from_a_recorded_ping(monkeypatch, silent_slurm_conf):
     assert calls == [["scontrol", "ping"]]
 
 
+# `scontrol ping` with the primary down and the backup answering, in the format of Slurm 22.05's
+# src/scontrol/scontrol.c _ping_slurmctld (exit status 0: one controller is UP; the banner goes to root).
+PING_FAILOVER = ("Slurmctld(primary) at ctl1 is DOWN\nSlurmctld(backup) at ctl2 is UP\n"
+                 "*****************************************\n** RESTORE SLURMCTLD DAEMON TO SERVICE **\n"
+                 "*****************************************\n")
+
+
+def test_slurmctld_failover_to_a_backup_is_a_warning_naming_the_controller_down(monkeypatch, silent_slurm_conf):
+    _answer(monkeypatch, 0, PING_FAILOVER)
+    check = node_checks.check_slurmctld(_ctx(silent_slurm_conf))
+    assert check.status == WARN, check
+    assert check.summary == "Slurmctld(primary) at ctl1 is DOWN; Slurmctld(backup) at ctl2 is UP"
+    assert check.action.startswith("restore slurmctld on ctl1 (primary)")
+
+
 @pytest.mark.parametrize("check", [node_checks.check_slurmd, node_checks.check_slurmctld])
 def test_without_slurm_conf_the_daemons_cannot_be_asked(tmp_path, check):
     result = check(_ctx(tmp_path / "absent.conf"))

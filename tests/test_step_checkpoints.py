@@ -498,3 +498,51 @@ def test_checkpoint_ls_verify_gc_cover_step_checkpoints(tmp_path):
     collected = runner.invoke(cli, ["checkpoint", "gc", "--store", root, "--json"])
     assert collected.exit_code == 0, collected.output
     assert json.loads(collected.output)["removed"] == [stale] and not os.path.exists(stale)
+
+
+@pytest.mark.parametrize("asked", [True, False])
+def test_a_peer_request_during_a_periodic_checkpoint_is_answered_with_that_checkpoint(tmp_path, fake_slurm,
+                                                                                     monkeypatch, asked):
+    """A SIGTERM that arrives while a periodic checkpoint is taken is a peer's request when one is in the
+    store (the checkpoint counts for that evacuation; no requeue here), else Slurm ending the step."""
+    import signal
+    import types
+    from slurmbox.migrate import sandbox_task
+    from slurmbox.migrate.policy import CheckpointSettings
+    from slurmbox.slurm_client import scontrol
+
+    store = CheckpointStore(str(tmp_path / "store"))
+    sup = _FakeSupervisor(store, nodes=2, rank=1)
+    sup.checkpoint_step, sup.container_id, sup.node_dir = "0.node1", "sbx-7", str(tmp_path)
+    sup.args = types.SimpleNamespace(job="7", uid=os.getuid(), node="n2", partition="spot", batch_script=None)
+    sup.batch_script_sha256 = lambda: None
+    sup._kill = lambda prefix, ids, signum: None
+    requeues = []
+    monkeypatch.setattr(scontrol, "requeue", lambda job, env=None: requeues.append(job))
+    task = sandbox_task.CheckpointableTask(sup, CheckpointSettings(mode="transparent", interval_s=60), ["runsc"],
+                                           {"hostname": "n2"}, [], None)
+    request = {"reason": "spot: aws", "evacuation_id": "e5", "restart_count": 0, "command_sha256": "a" * 64,
+               "from_rank": 0}
+
+    def checkpoint_sandbox(prefix, container_id, pending, fields, spec, flags, cache_dir=None):
+        # Rank 0's node gets a spot notice mid-checkpoint: it writes its request, then signals the step.
+        if asked:
+            store.write_private("7", "0.node1", step_checkpoint.PEER_REQUEST, json.dumps(request).encode(),
+                                os.getuid())
+        assert task.on_signal(signal.SIGTERM) is True  # swallowed: the checkpoint goes on
+        with open(os.path.join(pending.image_dir, "checkpoint.img"), "wb") as handle:
+            handle.write(os.urandom(64))
+        return pending.publish(fields, spec), 0.1
+
+    monkeypatch.setattr(sandbox_task, "checkpoint_sandbox", checkpoint_sandbox)
+    evacuation = task.evacuation = sandbox_task.Evacuation("periodic")
+    task._evacuate(evacuation, requeue=False)
+    assert store.checkpoints("7", "0.node1")[0].manifest["reason"] == "periodic"
+    assert requeues == []  # the rank that asked requeues the job; the sandbox here stays stopped
+    saved = step_checkpoint.peers_saved(store, "7", "0", 2, 0, "a" * 64, evacuation_id="e5")
+    if asked:
+        assert evacuation.outcome == "requeued" and saved == {1}
+        assert "checkpointed at another rank's request" in evacuation.message
+        assert step_checkpoint.take_peer_request(store, "7", "0.node1", 0, "a" * 64) is None  # taken once
+    else:
+        assert evacuation.outcome == "interrupted" and evacuation.interrupted == signal.SIGTERM and saved == set()
