@@ -90,6 +90,11 @@ def restore_spec(ckpt, new_spec, batch_script=None):
     saved spec, with each bind mount's host ``source`` taken from ``new_spec``
     (this run's spec) for the same destination; the batch script, which lives
     in this node's slurmd spool directory, is bound at the destination it had.
+    Devices are never taken from the saved spec: the sandbox gets this run's
+    allocation (``linux.devices``, the device cgroup rules in
+    ``linux.resources.devices`` and the ``org.slurmbox.devices`` annotation of
+    ``new_spec``), whatever GPUs the checkpointed run held; CUDA state saved
+    with ``cuda-checkpoint`` is brought back onto them by runsc's restore.
     ``batch_script``: this run's script path. Raises CheckpointError when the
     saved spec is missing or a saved mount has no counterpart here.
     """
@@ -115,4 +120,26 @@ def restore_spec(ckpt, new_spec, batch_script=None):
                                       % (ckpt.name, destination, mount.get("source")))
         mounts.append(mount)
     spec["mounts"] = mounts
+    _devices_of_this_run(spec, new_spec)
     return spec
+
+
+#: Annotation listing the host paths of the sandbox's devices (slurmbox.sandbox.bundle).
+DEVICES_ANNOTATION = "org.slurmbox.devices"
+
+
+def _devices_of_this_run(spec, new_spec):
+    """Replace ``spec``'s devices (changed in place) with ``new_spec``'s: the allocation of this run."""
+    new_linux = new_spec.get("linux") or {}
+    linux = spec["linux"] = dict(spec.get("linux") or {})
+    linux["devices"] = list(new_linux.get("devices") or [])
+    resources = linux["resources"] = dict(linux.get("resources") or {})
+    new_rules = (new_linux.get("resources") or {}).get("devices")
+    if new_rules is None:
+        resources.pop("devices", None)
+    else:
+        resources["devices"] = list(new_rules)
+    annotations = spec["annotations"] = dict(spec.get("annotations") or {})
+    annotations.pop(DEVICES_ANNOTATION, None)
+    if DEVICES_ANNOTATION in (new_spec.get("annotations") or {}):
+        annotations[DEVICES_ANNOTATION] = new_spec["annotations"][DEVICES_ANNOTATION]

@@ -283,6 +283,31 @@ def test_restore_spec_maps_node_specific_sources(store, tmp_path):
         restore_spec(ckpt, new, "/new/spool/job1/slurm_script")
 
 
+def _gpu_spec(minors, mounts=()):
+    devices = [{"path": "/dev/nvidia%d" % m, "type": "c", "major": 195, "minor": m, "fileMode": 0o666, "uid": 0,
+                "gid": 0} for m in minors]
+    return {"hostname": "n", "mounts": list(mounts),
+            "linux": {"namespaces": [{"type": "pid"}], "devices": devices,
+                      "resources": {"memory": {"limit": 1 << 30}, "devices": [{"allow": False, "access": "rwm"}] + [
+                          {"allow": True, "type": "c", "major": 195, "minor": m, "access": "rwm"} for m in minors]}},
+            "annotations": {"org.slurmbox.devices": ",".join("/dev/nvidia%d" % m for m in minors)}}
+
+
+@needs_root
+@pytest.mark.parametrize("now", [[2, 3], []])
+def test_restore_spec_gives_the_sandbox_this_runs_devices_not_the_checkpointed_ones(store, now):
+    ckpt = _write_checkpoint(store)
+    with open(os.path.join(ckpt.path, "spec.json"), "w") as handle:
+        json.dump(_gpu_spec([0, 1]), handle)  # the run that was checkpointed held GPUs 0 and 1
+    spec = restore_spec(ckpt, _gpu_spec(now))
+    assert [d["path"] for d in spec["linux"]["devices"]] == ["/dev/nvidia%d" % m for m in now]
+    allowed = [r["minor"] for r in spec["linux"]["resources"]["devices"] if r["allow"]]
+    assert allowed == now and spec["linux"]["resources"]["devices"][0] == {"allow": False, "access": "rwm"}
+    assert spec["annotations"]["org.slurmbox.devices"] == ",".join("/dev/nvidia%d" % m for m in now)
+    assert spec["linux"]["resources"]["memory"] == {"limit": 1 << 30}  # the rest is the saved spec's
+    assert spec["linux"]["namespaces"] == [{"type": "pid"}]
+
+
 @needs_root
 def test_checkpoint_of_a_different_batch_script_is_skipped(store):
     pending = store.begin("7", "batch", _uid())
