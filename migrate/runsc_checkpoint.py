@@ -255,17 +255,31 @@ def restore_argv(prefix, image_dir, bundle_dir, container_id, flags=()):
 def restore_flags(features, manifest):
     """``runsc restore`` flags (list) for a checkpoint with ``manifest`` (dict) on the runsc of ``features``.
 
-    ``--direct`` (O_DIRECT reads of the pages file) where this runsc's
-    restore has it and the image was written with ``--direct``: measured
-    with benchmarks/checkpoint_throughput.py on the 2024 build, restoring
-    1 GB of memory took ~0.7 s that way and ~2.3 s through the page cache.
-    slurmbox.migrate.restore verifies such images with O_DIRECT reads too.
+    - ``--direct`` (O_DIRECT reads of the pages file) where this runsc's
+      restore has it and the image was written with ``--direct``: measured
+      with benchmarks/checkpoint_throughput.py on the 2024 build, restoring
+      1 GB of memory took ~0.7 s that way and ~2.3 s through the page cache.
+      slurmbox.migrate.restore verifies such images with O_DIRECT reads too.
+    - ``--background`` where this runsc's restore has it (gVisor releases of
+      2025 on; not the Debian builds) and the image is uncompressed, which it
+      requires: the program runs again as soon as the kernel state is loaded,
+      and memory pages load while it runs (gVisor g3doc
+      user_guide/checkpoint_restore.md "Background Restore"). The image has
+      been verified before runsc reads it, so nothing unverified is loaded
+      either way; runsc keeps the pages file open until it is loaded, so a
+      pruned or collected image frees its space only then.
+
     ``features`` None (unknown runsc) gives no flags.
     """
-    written = ((manifest or {}).get("runsc") or {}).get("checkpoint_flags") or []
-    if features and "direct" in (features.get("restore_flags") or {}) and "--direct" in written:
-        return ["--direct"]
-    return []
+    runsc = (manifest or {}).get("runsc") or {}
+    written = runsc.get("checkpoint_flags") or []
+    available = (features or {}).get("restore_flags") or {}
+    flags = []
+    if "direct" in available and "--direct" in written:
+        flags.append("--direct")
+    if "background" in available and runsc.get("image_compression") == "none":
+        flags.append("--background")
+    return flags
 
 
 def runsc_description(prefix):

@@ -253,7 +253,7 @@ class Supervisor:
             return
         self._record_once(request, plan, spec, prefix)
         settings = self._checkpoint_settings(message["env"], plan, prefix, message["argv"],
-                                             bool(spec["process"]["terminal"]))
+                                             bool(spec["process"]["terminal"]), spec["root"]["path"])
         restore = None
         if settings.mode == "transparent" and (self.args.step == "batch" or self.step_manifest.get("restart_count")):
             restore = self._choose_restore(spec, fds[2], settings)  # an srun step of a first run has none
@@ -416,9 +416,10 @@ class Supervisor:
         return proc, [self.container_id]
 
     # -- checkpoints (batch steps; slurmbox.migrate) -------------------------------------
-    def _checkpoint_settings(self, task_env, plan, prefix, argv=(), terminal=False):
+    def _checkpoint_settings(self, task_env, plan, prefix, argv=(), terminal=False, root="/"):
         """CheckpointSettings of this step: a batch step's init, or an srun step with one task per node
-        (slurmbox.migrate.step_checkpoint, which sets ``checkpoint_step`` and ``step_manifest``)."""
+        (slurmbox.migrate.step_checkpoint, which sets ``checkpoint_step`` and ``step_manifest``).
+        ``root``: the sandbox's root file system on this node (where cuda-checkpoint is looked for)."""
         from slurmbox.migrate import policy as ckpt_policy
 
         self.checkpoint_flags = []
@@ -434,12 +435,15 @@ class Supervisor:
                     self.say(None, note)
             if settings.mode == "transparent" and plan.vendor:
                 helptext = subprocess.run([prefix[0], "checkpoint", "--help"], capture_output=True, text=True,
-                                          check=False)
-                settings = ckpt_policy.refuse_gpu_transparent(settings, {plan.vendor},
-                                                              helptext.stdout + helptext.stderr)
-                flag = ckpt_policy.gpu_checkpoint_flag(helptext.stdout + helptext.stderr)
-                if settings.mode == "transparent" and flag:
-                    self.checkpoint_flags = ["--%s" % flag]
+                                          check=False, input="")
+                helptext = helptext.stdout + helptext.stderr
+                configured = getattr(getattr(self.policy, "checkpoint_store", None), "cuda_checkpoint", None)
+                cuda_checkpoint = ckpt_policy.find_cuda_checkpoint(root, configured)
+                settings = ckpt_policy.refuse_gpu_transparent(
+                    settings, {plan.vendor}, helptext, cuda_checkpoint, root,
+                    (configured,) if configured else ckpt_policy.CUDA_CHECKPOINT_PATHS)
+                if settings.mode == "transparent":
+                    self.checkpoint_flags = ckpt_policy.cuda_checkpoint_flags(helptext, cuda_checkpoint)
         except ckpt_policy.CheckpointOptionError as err:
             raise StepFailure(str(err))
         return settings

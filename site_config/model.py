@@ -265,6 +265,7 @@ class CheckpointStoreModel(_Strict):
     keep_last: int = Field(2, ge=1, le=1000)
     compression: Literal["none", "flate-best-speed", "gzip", "zstd"] = "none"
     min_free_mb: int = Field(0, ge=0)
+    cuda_checkpoint: Optional[str] = None
 
     @field_validator("compression")
     @classmethod
@@ -274,10 +275,10 @@ class CheckpointStoreModel(_Strict):
                              "knows only none and flate-best-speed" % value)
         return value
 
-    @field_validator("path")
+    @field_validator("path", "cuda_checkpoint")
     @classmethod
     def _absolute(cls, value):
-        if not value.startswith("/"):
+        if value is not None and not value.startswith("/"):
             raise ValueError("expected an absolute path")
         return value
 

@@ -239,13 +239,23 @@ def test_bad_checkpoint_option_names_option_and_value(value, words):
     assert "--sandbox-checkpoint=%r" % value in str(err.value) and words in str(err.value)
 
 
+def _runsc_help(name):
+    with open(os.path.join(os.path.dirname(__file__), "data", "runsc", name)) as handle:
+        return handle.read()
+
+
 def test_gpu_sandbox_transparent_refused_without_cuda_checkpoint():
-    old_help = "checkpoint [flags] <container id> - save current state of container.\n  -image-path string\n"
-    new_help = old_help + "  -nvproxy-checkpoint\n    \tsave CUDA state\n"
+    old_help = _runsc_help("checkpoint-help-20240729.txt")  # recorded: no --cuda-checkpoint-path
+    new_help = _runsc_help("checkpoint-help-20260817-source.txt")  # gVisor 2026's flags (SOURCES.md)
     explicit = policy.resolve({"checkpoint": "transparent"}, {}, None)
-    with pytest.raises(policy.CheckpointOptionError, match="--sandbox-checkpoint=signal"):
+    with pytest.raises(policy.CheckpointOptionError, match="--sandbox-checkpoint=signal") as err:
         policy.refuse_gpu_transparent(explicit, {"nvidia"}, old_help)
-    assert policy.refuse_gpu_transparent(explicit, {"nvidia"}, new_help) is explicit
+    assert "no CUDA checkpoint support (runsc checkpoint --cuda-checkpoint-path" in str(err.value)
+    assert policy.refuse_gpu_transparent(explicit, {"nvidia"}, new_help, "/usr/bin/cuda-checkpoint") is explicit
+    with pytest.raises(policy.CheckpointOptionError, match="cuda-checkpoint, which runsc runs inside the sandbox") \
+            as err:
+        policy.refuse_gpu_transparent(explicit, {"nvidia"}, new_help, None, "/images/pytorch")
+    assert "file system /images/pytorch (looked for /usr/bin/cuda-checkpoint" in str(err.value)
     with pytest.raises(policy.CheckpointOptionError, match="amd devices"):
         policy.refuse_gpu_transparent(explicit, {"amd"}, new_help)
 
@@ -254,8 +264,38 @@ def test_gpu_sandbox_transparent_refused_without_cuda_checkpoint():
 
     default = policy.resolve({}, {}, Ondemand())
     assert policy.refuse_gpu_transparent(default, {"nvidia"}, old_help).mode == "none"
-    assert policy.gpu_checkpoint_flag(new_help) == "nvproxy-checkpoint"
+    assert policy.refuse_gpu_transparent(default, {"nvidia"}, new_help, None).mode == "none"
+    assert policy.gpu_checkpoint_flag(new_help) == "cuda-checkpoint-path"
     assert policy.gpu_checkpoint_flag(old_help) is None
+    assert policy.gpu_checkpoint_flag(_runsc_help("checkpoint-help-20221219.txt")) is None
+
+
+def test_cuda_checkpoint_is_looked_for_in_the_sandbox_root_and_passed_by_its_path_there(tmp_path):
+    new_help = _runsc_help("checkpoint-help-20260817-source.txt")
+    image = tmp_path / "image"
+    assert policy.find_cuda_checkpoint(str(image)) is None
+    tool = image / "usr" / "local" / "bin" / "cuda-checkpoint"
+    tool.parent.mkdir(parents=True)
+    tool.write_text("#!/bin/sh\n")
+    assert policy.find_cuda_checkpoint(str(image)) is None  # not executable
+    tool.chmod(0o755)
+    assert policy.find_cuda_checkpoint(str(image)) == "/usr/local/bin/cuda-checkpoint"  # the path inside
+    assert policy.find_cuda_checkpoint(str(image), "/opt/nv/cuda-checkpoint") is None  # the site's path only
+    (image / "opt" / "nv").mkdir(parents=True)
+    os.symlink("/usr/local/bin/cuda-checkpoint", str(image / "opt" / "nv" / "cuda-checkpoint"))
+    # Links resolve inside the image, as in the sandbox: an absolute one, a merged-usr /bin, and a loop.
+    assert policy.find_cuda_checkpoint(str(image), "/opt/nv/cuda-checkpoint") == "/opt/nv/cuda-checkpoint"
+    os.symlink("usr/local/bin", str(image / "bin"))
+    assert policy.find_cuda_checkpoint(str(image), "/bin/cuda-checkpoint") == "/bin/cuda-checkpoint"
+    assert policy.path_in_root(str(image), "/bin/../bin/cuda-checkpoint") == str(tool)
+    os.symlink("/etc/passwd", str(image / "opt" / "nv" / "escape"))  # the host's /etc/passwd is not the image's
+    assert policy.path_in_root(str(image), "/opt/nv/escape") == str(image / "etc" / "passwd")
+    os.symlink("loop", str(image / "loop"))
+    assert policy.path_in_root(str(image), "/loop") is None
+    assert policy.cuda_checkpoint_flags(new_help, "/usr/local/bin/cuda-checkpoint") == [
+        "--cuda-checkpoint-path=/usr/local/bin/cuda-checkpoint"]
+    assert policy.cuda_checkpoint_flags(new_help, None) == []
+    assert policy.cuda_checkpoint_flags(_runsc_help("checkpoint-help-20240729.txt"), "/usr/bin/x") == []
 
 
 @needs_root
@@ -331,10 +371,11 @@ def test_checkpoint_command_line_and_failure_cleanup(store, tmp_path):
     fake.chmod(0o755)
     pending = store.begin("9", "batch", _uid())
     ckpt, _took = checkpoint_sandbox([str(fake), "--root", "/x"], "cid", pending, {"reason": "unit"}, {"mounts": []},
-                                     ["--nvproxy-checkpoint"])
+                                     ["--cuda-checkpoint-path=/usr/bin/cuda-checkpoint"])
     assert ckpt.manifest["reason"] == "unit" and store.verify(ckpt).valid
     with open(os.path.join(ckpt.path, "checkpoint.img")) as handle:
-        assert handle.read().split() == ["--root", "/x", "checkpoint", "--nvproxy-checkpoint", "--image-path",
+        assert handle.read().split() == ["--root", "/x", "checkpoint", "--cuda-checkpoint-path=/usr/bin/cuda-checkpoint",
+                                         "--image-path",
                                          pending.image_dir, "cid"]
     pending = store.begin("9", "batch", _uid())
     with pytest.raises(CheckpointFailed, match="boom"):

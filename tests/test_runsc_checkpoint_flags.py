@@ -14,6 +14,8 @@ from slurmbox.migrate.store import IMAGE_COMPRESSIONS, CheckpointError, Checkpoi
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "runsc")
 OLD, NEW = "20221219", "20240729"
+#: gVisor release-20260817.0's help, rebuilt from its source (not a recording: tests/data/runsc/SOURCES.md).
+SOURCE_2026 = "20260817-source"
 
 
 def recorded(kind, version):
@@ -70,19 +72,21 @@ def test_parse_unrecognised_text_gives_no_flags():
 ])
 def test_flags_for_each_build(version, compression, direct, expected_flags, expected_effective):
     features = {"version": version, "flags": rc.parse_checkpoint_help(recorded("checkpoint-help", version))}
-    flags, effective = rc.checkpoint_flags(features, compression, direct, ["--nvproxy-checkpoint"])
-    assert flags == expected_flags + ["--nvproxy-checkpoint"]
+    flags, effective = rc.checkpoint_flags(features, compression, direct, ["--cuda-checkpoint-path=/usr/bin/x"])
+    assert flags == expected_flags + ["--cuda-checkpoint-path=/usr/bin/x"]
     assert effective == expected_effective
 
 
-@pytest.mark.parametrize("version,written,expected", [
-    (NEW, ["--compression=none", "--direct"], ["--direct"]),  # read as it was written
-    (NEW, ["--compression=none"], []),
-    (OLD, ["--direct"], []),  # the 2022 restore has no -direct
+@pytest.mark.parametrize("version,written,compression,expected", [
+    (NEW, ["--compression=none", "--direct"], "none", ["--direct"]),  # read as it was written
+    (NEW, ["--compression=none"], "none", []),  # the 2024 build has no -background
+    (OLD, ["--direct"], "flate-best-speed", []),  # the 2022 restore has no -direct
+    (SOURCE_2026, ["--compression=none", "--direct"], "none", ["--direct", "--background"]),
+    (SOURCE_2026, ["--compression=flate-best-speed"], "flate-best-speed", []),  # background needs uncompressed
 ])
-def test_restore_reads_with_o_direct_what_was_written_with_it(version, written, expected):
+def test_restore_reads_with_o_direct_what_was_written_with_it(version, written, compression, expected):
     features = {"version": version, "restore_flags": rc.parse_checkpoint_help(recorded("restore-help", version))}
-    manifest = {"runsc": {"checkpoint_flags": written}}
+    manifest = {"runsc": {"checkpoint_flags": written, "image_compression": compression}}
     assert rc.restore_flags(features, manifest) == expected
     assert rc.restore_flags(None, manifest) == [] and rc.restore_flags(features, None) == []
     assert rc.restore_argv(["runsc"], "/img", "/b", "c", expected) == \

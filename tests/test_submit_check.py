@@ -25,9 +25,9 @@ def _recorded(name):
 
 RUNSC_2022 = ("/usr/bin/runsc", "20221219.0", _recorded("checkpoint-help-20221219.txt"))
 RUNSC_2024 = ("/usr/bin/runsc", "20240729.0", _recorded("checkpoint-help-20240729.txt"))
-# Not a recording: the 2024 help plus one flag line, as slurmbox.migrate.policy.gpu_checkpoint_flag
-# recognises a runsc with CUDA checkpoint support.
-RUNSC_CUDA = ("/usr/bin/runsc", "future", RUNSC_2024[2] + "  -nvproxy-checkpoint\n    \tsave GPU state\n")
+# Not a recording: gVisor release-20260817.0's help rebuilt from its source (tests/data/runsc/SOURCES.md),
+# a runsc with CUDA checkpoint support (checkpoint --cuda-checkpoint-path).
+RUNSC_CUDA = ("/usr/bin/runsc", "20260817.0", _recorded("checkpoint-help-20260817-source.txt"))
 
 
 # -- command line ---------------------------------------------------------------------------------
