@@ -403,3 +403,41 @@ def test_a_checkpoint_of_another_runsc_release_is_skipped_for_an_older_one_of_th
         "\n".join(selection.messages())
     # Unknown versions are not judged.
     assert select_checkpoint(store, "7", "batch", _uid(), runsc_features={}).checkpoint.name == newer.name
+
+
+@pytest.mark.parametrize("site_path", [None, "/opt/nvidia/cuda-checkpoint"])
+@pytest.mark.parametrize("installed", [True, False])
+def test_step_start_passes_cuda_checkpoint_path_or_refuses_saying_what_is_missing(tmp_path, installed, site_path):
+    """The supervisor's glue: a transparent GPU sandbox on a runsc with --cuda-checkpoint-path gets that flag with
+    cuda-checkpoint's path inside its root, or is refused (the user asked for transparent) naming the paths tried."""
+    import types
+    from slurmbox.sandbox.supervisor import StepFailure, Supervisor
+    from slurmbox.site_config.compiled import CheckpointStore as StoreSettings, SitePolicy
+
+    runsc = tmp_path / "runsc"
+    runsc.write_text("#!/bin/sh\ncat '%s' >&2\nexit 128\n" % os.path.join(
+        os.path.dirname(__file__), "data", "runsc", "checkpoint-help-20260817-source.txt"))
+    runsc.chmod(0o755)
+    inside = site_path or "/usr/local/bin/cuda-checkpoint"
+    image = tmp_path / "image"
+    if installed:
+        tool = image / inside.lstrip("/")
+        tool.parent.mkdir(parents=True)
+        tool.write_text("#!/bin/sh\n")
+        tool.chmod(0o755)
+    args = types.SimpleNamespace(option=["checkpoint=transparent"], runtime_dir=str(tmp_path), node="n1", job="5",
+                                 step="batch", step_dir=str(tmp_path / "step"), local_tasks=1, partition="spot")
+    sup = Supervisor(args)
+    sup.policy = SitePolicy(checkpoint_store=StoreSettings(cuda_checkpoint=site_path))
+    plan = types.SimpleNamespace(vendor="nvidia")
+    if installed:
+        settings = sup._checkpoint_settings({}, plan, [str(runsc)], root=str(image))
+        assert settings.mode == "transparent"
+        assert sup.checkpoint_flags == ["--cuda-checkpoint-path=%s" % inside]
+    else:
+        with pytest.raises(StepFailure) as err:
+            sup._checkpoint_settings({}, plan, [str(runsc)], root=str(image))
+        assert "cuda-checkpoint, which runsc runs inside the sandbox to save them, is not in the sandbox's file " \
+               "system %s (looked for %s;" % (image, site_path or ", ".join(policy.CUDA_CHECKPOINT_PATHS)) \
+               in str(err.value)
+        assert "--sandbox-checkpoint=signal" in str(err.value)
