@@ -17,7 +17,10 @@ Runs alternate which of the two goes first (see throughput); use an even
 ``--runs`` for a balanced order.
 
 Printed as MB/s and as ratios (goal: checkpoint >= 0.70 of plain write;
-restore no slower than checkpoint). ``--runsc PATH`` runs part 1 with another
+restore no slower than checkpoint), and the same ratios for runsc alone
+(``runsc checkpoint``; ``runsc restore`` without the verification): the
+ceiling slurmbox's own work (digests, fsync, publish, verify) is measured
+against. ``--runsc PATH`` runs part 1 with another
 runsc binary (e.g. Debian 13's, extracted next to Debian 12's), and
 ``--compression``/``--no-direct`` choose the ``runsc checkpoint`` flags where
 that runsc has them (slurmbox.migrate.runsc_checkpoint; the 2022 build has neither
@@ -195,7 +198,10 @@ def throughput(sizes, runs, directory, binary=None, compression="none", direct=N
                          "plain_write_MBps": mb / med["write"], "plain_read_MBps": mb / med["read"],
                          "checkpoint_vs_write": med["write"] / med["ckpt"],
                          "restore_vs_read": med["read"] / med["restore"],
-                         "restore_vs_checkpoint": med["ckpt"] / med["restore"]})
+                         "restore_vs_checkpoint": med["ckpt"] / med["restore"],
+                         # What runsc alone allows, without slurmbox's digests, fsync and publish: the ceiling.
+                         "runsc_checkpoint_vs_write": med["write"] / med["runsc"],
+                         "runsc_restore_vs_runsc_checkpoint": med["runsc"] / max(med["restore"] - med["verify"], 1e-6)})
             print("%5d MB (image %.0f MB): checkpoint %.2f s (runsc %.2f) = %.0f MB/s, plain write %.2f s = %.0f MB/s, "
                   "ratio %.2f | restore %.2f s (verify %.2f) = %.0f MB/s, plain read %.2f s = %.0f MB/s, ratio %.2f | "
                   "restore/checkpoint speed %.2f"
@@ -203,6 +209,9 @@ def throughput(sizes, runs, directory, binary=None, compression="none", direct=N
                      mb / med["write"], med["write"] / med["ckpt"], med["restore"], med["verify"], mb / med["restore"],
                      med["read"], mb / med["read"], med["read"] / med["restore"], med["ckpt"] / med["restore"]),
                   flush=True)
+            print("        runsc alone: checkpoint %.2f s, ratio to plain write %.2f | restore %.2f s, x its checkpoint "
+                  "speed %.2f" % (med["runsc"], rows[-1]["runsc_checkpoint_vs_write"], med["restore"] - med["verify"],
+                                  rows[-1]["runsc_restore_vs_runsc_checkpoint"]), flush=True)
         print("runsc %s, checkpoint flags %s, image compression %s, image digest %s; load average now %s"
               % (described["version"], " ".join(described["checkpoint_flags"]) or "(none)",
                  described["image_compression"], described.get("image_digest"),
