@@ -17,6 +17,7 @@ periodic checkpoints (transparent mode). Standard library only.
 import os
 import re
 import signal
+import stat
 from dataclasses import dataclass
 
 MODES = ("transparent", "signal", "none")
@@ -114,82 +115,119 @@ def resolve(cli_options, task_env, partition_policy):
 #: ``runsc checkpoint`` flag that saves CUDA state: before saving, gVisor runs NVIDIA's
 #: ``cuda-checkpoint`` from this path *in the container's file system* on every CUDA process of the
 #: sandbox (device memory moves to host memory, GPU handles are released); after ``runsc restore``
-#: it toggles them back onto the GPUs the restored sandbox holds, with no restore flag (gVisor
-#: g3doc/user_guide/checkpoint_restore.md "GPU Checkpoint/Restore"; runsc/cmd/checkpoint.go). The
-#: 2022 and 2024 Debian builds do not have it.
+#: it toggles them back, with no restore flag (gVisor g3doc/user_guide/checkpoint_restore.md "GPU
+#: Checkpoint/Restore"; runsc/cmd/checkpoint.go). The Debian 2022 and 2024 builds do not have it.
 CUDA_CHECKPOINT_FLAG = "cuda-checkpoint-path"
 _CUDA_CHECKPOINT_LINE = re.compile(r"^\s*-{1,2}%s(?:[ \t]|$)" % re.escape(CUDA_CHECKPOINT_FLAG), re.M)
-#: Where ``cuda-checkpoint`` is looked for in the sandbox's root file system when the site names no
-#: path (``checkpoint_store.cuda_checkpoint``): the install locations on PATH of NVIDIA's packages and
-#: of a copy of github.com/NVIDIA/cuda-checkpoint's ``bin/x86_64_Linux/cuda-checkpoint``.
+#: Where ``cuda-checkpoint`` is looked for on the node when the site names none
+#: (``checkpoint_store.cuda_checkpoint``): the install locations on PATH of NVIDIA's packages and of a
+#: copy of github.com/NVIDIA/cuda-checkpoint's ``bin/x86_64_Linux/cuda-checkpoint``.
 CUDA_CHECKPOINT_PATHS = ("/usr/bin/cuda-checkpoint", "/usr/local/bin/cuda-checkpoint", "/usr/sbin/cuda-checkpoint")
+#: Where the node's ``cuda-checkpoint`` is bound, read-only, into a GPU sandbox; no user mount may cover it
+#: (slurmbox.sandbox.options.RESERVED_DESTINATIONS).
+CUDA_CHECKPOINT_MOUNT = "/run/slurmbox-cuda-checkpoint/cuda-checkpoint"
+#: Directories the dynamic loader and its configuration come from (ld.so(8): /etc/ld.so.preload,
+#: /etc/ld.so.cache, the trusted /lib and /usr/lib directories). gVisor runs ``cuda-checkpoint`` as root
+#: of the sandbox, so none of them may come from the user.
+LOADER_PATHS = ("/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin", "/etc")
 
 
 def gpu_checkpoint_flag(checkpoint_help):
-    """``CUDA_CHECKPOINT_FLAG`` when ``runsc checkpoint --help`` output (str) lists it, else None."""
+    """``CUDA_CHECKPOINT_FLAG`` when ``runsc checkpoint`` lists it, else None.
+
+    ``checkpoint_help``: its ``--help`` output (str), or the parsed flags
+    (dict, slurmbox.migrate.runsc_checkpoint.checkpoint_features ``flags``).
+    """
+    if isinstance(checkpoint_help, dict):
+        return CUDA_CHECKPOINT_FLAG if CUDA_CHECKPOINT_FLAG in checkpoint_help else None
     return CUDA_CHECKPOINT_FLAG if _CUDA_CHECKPOINT_LINE.search(checkpoint_help or "") else None
 
 
-def find_cuda_checkpoint(root, configured=None):
-    """Path *inside the sandbox* of an executable ``cuda-checkpoint``, or None.
+def find_cuda_checkpoint(configured=None):
+    """The node's ``cuda-checkpoint`` to bind into GPU sandboxes: (host path, None) or (None, problem).
 
-    ``root``: the sandbox's root file system on this node (``/`` for the
-    host's own root, or the ``--sandbox-image`` directory); ``configured``:
-    the site's ``checkpoint_store.cuda_checkpoint`` (an absolute path inside
-    the sandbox), else CUDA_CHECKPOINT_PATHS are tried in order.
+    ``configured``: the site's ``checkpoint_store.cuda_checkpoint``, else
+    CUDA_CHECKPOINT_PATHS are tried in order. gVisor runs the binary as root
+    of the sandbox, so it must be root's: the file and every directory above
+    it owned by root and writable by no one else (or, for a directory, with
+    the sticky bit, like /tmp), an executable regular file. ``problem`` (str) says what
+    was wrong and where it looked.
     """
+    problems = []
     for path in ([configured] if configured else CUDA_CHECKPOINT_PATHS):
-        on_node = path_in_root(root or "/", path)
-        if on_node and os.path.isfile(on_node) and os.access(on_node, os.X_OK):
-            return path
-    return None
-
-
-def path_in_root(root, path, max_links=40):
-    """Where ``path`` (absolute, as the sandbox sees it) is on this node when ``root`` is the
-    sandbox's root directory: each symbolic link is followed inside ``root``, as it resolves in the
-    sandbox (an image's ``/bin -> usr/bin``), never to the host's file of that name. Returns the
-    node path (str), or None when more than ``max_links`` links are met (a loop, ELOOP)."""
-    root = os.path.abspath(root)
-    parts = [p for p in path.split("/") if p not in ("", ".")]
-    resolved, links = [], 0
-    while parts:
-        part = parts.pop(0)
-        if part == "..":
-            resolved = resolved[:-1]
+        real = os.path.realpath(path)
+        try:
+            info = os.stat(real)
+        except OSError:
+            problems.append("%s: not found" % path)
             continue
-        on_node = os.path.join(root, *resolved, part)
-        if os.path.islink(on_node):
-            links += 1
-            if links > max_links:
-                return None
-            target = os.readlink(on_node)
-            if target.startswith("/"):
-                resolved = []
-            parts = [p for p in target.split("/") if p not in ("", ".")] + parts
+        if not stat.S_ISREG(info.st_mode) or not info.st_mode & 0o111:
+            problems.append("%s: not an executable file" % path)
             continue
-        resolved.append(part)
-    return os.path.join(root, *resolved)
+        unsafe = _not_roots(real)
+        if unsafe:
+            problems.append("%s: %s" % (path, unsafe))
+            continue
+        return real, None
+    return None, "; ".join(problems)
 
 
-def cuda_checkpoint_flags(checkpoint_help, cuda_checkpoint):
-    """``runsc checkpoint`` flags (list) that save the CUDA state of a GPU sandbox: ``--cuda-checkpoint-path=PATH``
-    with ``cuda_checkpoint`` (find_cuda_checkpoint), or [] when runsc or the binary lacks it."""
-    if gpu_checkpoint_flag(checkpoint_help) and cuda_checkpoint:
-        return ["--%s=%s" % (CUDA_CHECKPOINT_FLAG, cuda_checkpoint)]
+def _not_roots(path):
+    """Why ``path`` or a directory above it could be changed by someone other than root, or None."""
+    current = path
+    while True:
+        info = os.stat(current)
+        if info.st_uid != 0:
+            return "%s is owned by uid %d, not root" % (current, info.st_uid)
+        # A root-owned sticky directory (/tmp) lets no one else rename or remove what root put in it.
+        if info.st_mode & 0o022 and not (current != path and info.st_mode & stat.S_ISVTX):
+            return "%s is writable by group or others" % current
+        parent = os.path.dirname(current)
+        if parent == current:
+            return None
+        current = parent
+
+
+def cuda_checkpoint_blockers(image, mount_destinations):
+    """Why gVisor must not run ``cuda-checkpoint`` as root in this sandbox (list of str, empty = it may).
+
+    ``image``: the ``--sandbox-image`` directory (None = the node's root);
+    ``mount_destinations``: the user's bind mount destinations. The binary
+    is dynamically linked: in a user's image, or with a user's mount over a
+    LOADER_PATHS directory, the user's loader or libraries would run as the
+    sandbox's root, which reads the node's files through runsc's gofer and
+    every file under the job's bind mounts whatever their permissions.
+    """
+    problems = []
+    if image and os.path.normpath(image) != "/":
+        problems.append("the sandbox runs in the image %s (--sandbox-image), whose libraries the loader would take" %
+                        image)
+    for destination in mount_destinations:
+        covered = [p for p in LOADER_PATHS if destination == p or destination.startswith(p + "/")]
+        if covered:
+            problems.append("--sandbox-mounts puts a directory at %s, where the loader reads %s" % (destination,
+                                                                                                   covered[0]))
+    return problems
+
+
+def cuda_checkpoint_flags(checkpoint_help):
+    """``runsc checkpoint`` flags (list) that save a GPU sandbox's CUDA state, with the node's binary bound at
+    CUDA_CHECKPOINT_MOUNT; [] when this runsc lacks CUDA_CHECKPOINT_FLAG."""
+    if gpu_checkpoint_flag(checkpoint_help):
+        return ["--%s=%s" % (CUDA_CHECKPOINT_FLAG, CUDA_CHECKPOINT_MOUNT)]
     return []
 
 
-def refuse_gpu_transparent(settings, device_vendors, checkpoint_help, cuda_checkpoint=True, root="/",
-                           looked_for=CUDA_CHECKPOINT_PATHS):
+def refuse_gpu_transparent(settings, device_vendors, checkpoint_help, cuda_checkpoint_problem=None):
     """Settings to use for a sandbox holding devices of ``device_vendors`` (set of "nvidia", "amd", ...).
 
     Transparent checkpoints cannot save accelerator state unless runsc has
-    CUDA_CHECKPOINT_FLAG (NVIDIA only) and ``cuda_checkpoint`` (its path in
-    the sandbox, find_cuda_checkpoint; None when it is not there; True when
-    not known, as at submission) is found in the sandbox's ``root`` (where
-    ``looked_for``, the paths tried, says). When the
-    user asked for transparent mode, or the partition is preemptible, raises
+    CUDA_CHECKPOINT_FLAG (NVIDIA only; ``checkpoint_help`` as for
+    gpu_checkpoint_flag) and nothing stops it running NVIDIA's
+    cuda-checkpoint in this sandbox (``cuda_checkpoint_problem``: why not,
+    from find_cuda_checkpoint and cuda_checkpoint_blockers; None when it can,
+    or when not known, as at submission). When the user asked for
+    transparent mode, or the partition is preemptible, raises
     CheckpointOptionError saying what is missing and to use signal mode;
     otherwise (a site default on a non-preemptible partition) returns
     settings with mode "none".
@@ -197,7 +235,7 @@ def refuse_gpu_transparent(settings, device_vendors, checkpoint_help, cuda_check
     if settings.mode != "transparent" or not device_vendors:
         return settings
     unsupported = sorted(v for v in device_vendors if v != "nvidia")
-    if not unsupported and gpu_checkpoint_flag(checkpoint_help) and cuda_checkpoint:
+    if not unsupported and gpu_checkpoint_flag(checkpoint_help) and not cuda_checkpoint_problem:
         return settings
     if unsupported:
         what = "%s devices (gVisor cannot checkpoint them)" % ", ".join(unsupported)
@@ -205,9 +243,8 @@ def refuse_gpu_transparent(settings, device_vendors, checkpoint_help, cuda_check
         what = ("NVIDIA GPUs and this node's runsc has no CUDA checkpoint support (runsc checkpoint "
                 "--%s, gVisor releases of 2025 on)" % CUDA_CHECKPOINT_FLAG)
     else:
-        what = ("NVIDIA GPUs and NVIDIA's cuda-checkpoint, which runsc runs inside the sandbox to save them, is not "
-                "in the sandbox's file system %s (looked for %s; install it there, or set checkpoint_store."
-                "cuda_checkpoint in the site configuration)" % (root, ", ".join(looked_for)))
+        what = ("NVIDIA GPUs and NVIDIA's cuda-checkpoint, which runsc runs as root inside the sandbox to save "
+                "them, cannot be used: %s" % cuda_checkpoint_problem)
     if settings.explicit or settings.preemptible:
         raise CheckpointOptionError("checkpoint", "transparent",
                                     "the sandbox holds %s; use --sandbox-checkpoint=signal (your program saves "

@@ -45,7 +45,30 @@ class Selection:
         return lines
 
 
-def select_checkpoint(store, job, step, uid, script_sha256=None, command_sha256=None, runsc_features=None):
+def accelerator_problem(manifest, accelerators):
+    """Why a checkpoint with ``manifest`` cannot be restored with this run's ``accelerators``, or None.
+
+    ``accelerators``: slurmbox.sandbox.devices.accelerators() of this run's
+    allocation (None: none). A checkpoint that recorded accelerators holds
+    their CUDA state (runsc checkpoint --cuda-checkpoint-path); gVisor
+    toggles it back with cuda-checkpoint and no device map, onto as many
+    devices of the same vendor, so a run with another number is refused here
+    instead of failing inside runsc.
+    """
+    recorded = (manifest or {}).get("accelerators")
+    if not recorded:
+        return None
+    have = accelerators or {"vendor": None, "count": 0}
+    if (recorded.get("vendor"), recorded.get("count")) != (have.get("vendor"), have.get("count")):
+        return ("taken with %s %s device(s), and this run has %s %s: its GPU state restores only onto as many "
+                "devices of the same kind (request the same GPUs, e.g. --gres=gpu:%s)"
+                % (recorded.get("count"), recorded.get("vendor"), have.get("count"), have.get("vendor") or "accelerator",
+                   recorded.get("count")))
+    return None
+
+
+def select_checkpoint(store, job, step, uid, script_sha256=None, command_sha256=None, runsc_features=None,
+                      accelerators=None):
     """The Selection for (``job``, ``step``) of user ``uid`` in ``store`` (a CheckpointStore).
 
     Verifies newest first and stops at the first valid one. Interrupted
@@ -56,7 +79,9 @@ def select_checkpoint(store, job, step, uid, script_sha256=None, command_sha256=
     slurmbox.migrate.step_checkpoint), checkpoints recorded for another
     command line are ``foreign``. With ``runsc_features`` (runsc_checkpoint.checkpoint_features
     of this node's runsc), a checkpoint written by another runsc release is skipped
-    (gVisor restores only its own release's images), before its files are read.
+    (gVisor restores only its own release's images), before its files are read;
+    so is one whose GPU state does not fit this run's ``accelerators``
+    (accelerator_problem).
     """
     from slurmbox.migrate.runsc_checkpoint import restore_flags, restore_problem
 
@@ -66,6 +91,7 @@ def select_checkpoint(store, job, step, uid, script_sha256=None, command_sha256=
             selection.foreign.append(ckpt)
             continue
         release = restore_problem(ckpt.manifest, runsc_features) if runsc_features else None
+        release = release or accelerator_problem(ckpt.manifest, accelerators)
         if release:
             selection.skipped.append((ckpt, [release]))
             continue

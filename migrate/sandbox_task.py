@@ -294,6 +294,8 @@ class CheckpointableTask:
                       "runsc": runsc_description(self.prefix),
                       "batch_script_sha256": self.sup.batch_script_sha256()}
             fields.update(self.sup.step_manifest)  # an srun step's rank and command digest (step_checkpoint)
+            if self.checkpoint_flags and getattr(self.sup, "accelerators", None):
+                fields["accelerators"] = self.sup.accelerators  # their CUDA state is in the image
             if evacuation.evacuation_id:
                 fields["evacuation_id"] = evacuation.evacuation_id
             ckpt, took = checkpoint_sandbox(self.prefix, self.sup.container_id, pending, fields, self.spec,

@@ -72,6 +72,17 @@ def vendor_of(path):
     return None
 
 
+def accelerators(plan):
+    """``{"vendor": str, "count": int}`` of the accelerators in ``plan`` (a DevicePlan), or None when it has none.
+
+    Only the per-device files count (``nvidia0``, ``renderD128``, ...), not
+    shared control nodes such as ``nvidiactl``. Recorded in checkpoint
+    manifests (slurmbox.migrate.restore.select_checkpoint).
+    """
+    count = sum(1 for d in plan.devices if vendor_of(d.host_path))
+    return {"vendor": plan.vendor, "count": count} if plan.vendor and count else None
+
+
 def expand_hostlist_files(text):
     """Expand a gres.conf File= value such as ``/dev/nvidia[0-3,5]`` into paths."""
     match = re.match(r"^(.*)\[([0-9,\-]+)\](.*)$", text)

@@ -13,6 +13,10 @@ NETWORK_MODES = ("none", "sandbox", "host")
 #: Host trees never bound into a sandbox: kernel interfaces and device nodes
 #: (devices come only from the allocation) and slurmbox's own runtime state.
 FORBIDDEN_MOUNT_SOURCES = ("/proc", "/sys", "/dev", "/run/slurmbox")
+#: Destinations inside the sandbox where slurmbox binds its own files (the batch script, the step broker,
+#: the node's cuda-checkpoint: slurmbox.sandbox.supervisor, step_broker, slurmbox.migrate.policy); no user
+#: mount may be at or below them.
+RESERVED_DESTINATIONS = ("/run/slurmbox-batch", "/run/slurmbox-broker", "/run/slurmbox-cuda-checkpoint")
 
 #: option name (as the shim passes it) -> environment fallback variable.
 ENV_FALLBACKS = {
@@ -92,7 +96,7 @@ def parse_mounts(text):
     """Parse ``SRC:DST[:ro|rw][,...]`` into a list of Mount (default mode: rw).
 
     Raises OptionError for empty entries, relative paths, ``..`` components,
-    an unknown mode, or a destination of ``/``.
+    an unknown mode, a destination of ``/``, or one at or below RESERVED_DESTINATIONS.
     """
     mounts = []
     for entry in text.split(","):
@@ -113,6 +117,11 @@ def parse_mounts(text):
                 raise OptionError("mounts", text, "path %r of entry %r contains '..'" % (path, entry))
         if os.path.normpath(destination) == "/":
             raise OptionError("mounts", text, "entry %r would replace the sandbox root" % entry)
+        reserved = [r for r in RESERVED_DESTINATIONS if os.path.normpath(destination) == r
+                    or os.path.normpath(destination).startswith(r + "/")]
+        if reserved:
+            raise OptionError("mounts", text, "destination %s of entry %r is reserved for slurmbox's own files; "
+                              "choose another destination" % (reserved[0], entry))
         mounts.append(Mount(os.path.normpath(source), os.path.normpath(destination), mode == "ro"))
     return mounts
 

@@ -101,6 +101,9 @@ class Supervisor:
         self.task = None            # migrate.sandbox_task.CheckpointableTask of a batch step's init, if any
         self.checkpoint_step = args.step  # store step name: "batch", or "<step>.node<rank>" (migrate.step_checkpoint)
         self.step_manifest = {}     # manifest entries of an srun step's checkpoints (rank, command digest, ...)
+        self.checkpoint_flags = []  # extra runsc checkpoint flags (CUDA state), set by _checkpoint_settings
+        self.cuda_checkpoint_source = None  # the node's cuda-checkpoint bound into a GPU sandbox, if any
+        self.accelerators = None    # devices.accelerators() of this step's allocation on this node
 
     # -- preparation (once per step) -------------------------------------------------
     def prepare(self, task_env):
@@ -215,6 +218,7 @@ class Supervisor:
         and rlimits are read from the kernel, not from the message.
         """
         request, plan, prefix, groups = self.prepare(message["env"])
+        self.accelerators = devices.accelerators(plan)  # recorded in checkpoints; restores must match it
         env = {str(k): str(v) for k, v in dict(message["env"]).items()}
         env.update(plan.env)
         from slurmbox.topology import sandbox_hints  # this node's NCCL topology file, if the site has one
@@ -253,7 +257,12 @@ class Supervisor:
             return
         self._record_once(request, plan, spec, prefix)
         settings = self._checkpoint_settings(message["env"], plan, prefix, message["argv"],
-                                             bool(spec["process"]["terminal"]), spec["root"]["path"])
+                                             bool(spec["process"]["terminal"]), spec["root"]["path"],
+                                             [m.destination for m in request.mounts])
+        if self.cuda_checkpoint_source:  # runsc runs it inside the sandbox to save and restore CUDA state
+            from slurmbox.migrate.policy import CUDA_CHECKPOINT_MOUNT
+            spec["mounts"].append({"destination": CUDA_CHECKPOINT_MOUNT, "type": "bind",
+                                   "source": self.cuda_checkpoint_source, "options": ["rbind", "ro"]})
         restore = None
         if settings.mode == "transparent" and (self.args.step == "batch" or self.step_manifest.get("restart_count")):
             restore = self._choose_restore(spec, fds[2], settings)  # an srun step of a first run has none
@@ -416,13 +425,16 @@ class Supervisor:
         return proc, [self.container_id]
 
     # -- checkpoints (batch steps; slurmbox.migrate) -------------------------------------
-    def _checkpoint_settings(self, task_env, plan, prefix, argv=(), terminal=False, root="/"):
+    def _checkpoint_settings(self, task_env, plan, prefix, argv=(), terminal=False, root="/", mounts=()):
         """CheckpointSettings of this step: a batch step's init, or an srun step with one task per node
         (slurmbox.migrate.step_checkpoint, which sets ``checkpoint_step`` and ``step_manifest``).
-        ``root``: the sandbox's root file system on this node (where cuda-checkpoint is looked for)."""
+        ``root``: the sandbox's root file system on this node; ``mounts``: the user's bind mount
+        destinations. For a GPU sandbox saved with runsc's CUDA checkpoint, sets ``checkpoint_flags``
+        and ``cuda_checkpoint_source`` (the node's cuda-checkpoint, to bind into the sandbox)."""
         from slurmbox.migrate import policy as ckpt_policy
 
         self.checkpoint_flags = []
+        self.cuda_checkpoint_source = None
         if self.args.step == "batch" and self.args.local_tasks != 1:
             return ckpt_policy.CheckpointSettings()
         try:
@@ -434,16 +446,21 @@ class Supervisor:
                 if note:
                     self.say(None, note)
             if settings.mode == "transparent" and plan.vendor:
-                helptext = subprocess.run([prefix[0], "checkpoint", "--help"], capture_output=True, text=True,
-                                          check=False, input="")
-                helptext = helptext.stdout + helptext.stderr
-                configured = getattr(getattr(self.policy, "checkpoint_store", None), "cuda_checkpoint", None)
-                cuda_checkpoint = ckpt_policy.find_cuda_checkpoint(root, configured)
-                settings = ckpt_policy.refuse_gpu_transparent(
-                    settings, {plan.vendor}, helptext, cuda_checkpoint, root,
-                    (configured,) if configured else ckpt_policy.CUDA_CHECKPOINT_PATHS)
+                from slurmbox.migrate.runsc_checkpoint import CheckpointError, checkpoint_features
+                try:
+                    flags = checkpoint_features(prefix[0], self.node_dir)["flags"]
+                except CheckpointError as err:
+                    raise StepFailure(str(err))
+                problem = host_binary = None
+                if plan.vendor == "nvidia" and ckpt_policy.gpu_checkpoint_flag(flags):
+                    configured = getattr(getattr(self.policy, "checkpoint_store", None), "cuda_checkpoint", None)
+                    host_binary, problem = ckpt_policy.find_cuda_checkpoint(configured)
+                    blockers = ckpt_policy.cuda_checkpoint_blockers(None if root == "/" else root, mounts)
+                    problem = "; ".join(([problem] if problem else []) + blockers) or None
+                settings = ckpt_policy.refuse_gpu_transparent(settings, {plan.vendor}, flags, problem)
                 if settings.mode == "transparent":
-                    self.checkpoint_flags = ckpt_policy.cuda_checkpoint_flags(helptext, cuda_checkpoint)
+                    self.checkpoint_flags = ckpt_policy.cuda_checkpoint_flags(flags)
+                    self.cuda_checkpoint_source = host_binary
         except ckpt_policy.CheckpointOptionError as err:
             raise StepFailure(str(err))
         return settings
@@ -497,7 +514,7 @@ class Supervisor:
             store = self.store()
             selection = select_checkpoint(store, self.args.job, self.checkpoint_step, self.args.uid,
                                           self.batch_script_sha256(), self.step_manifest.get("command_sha256"),
-                                          self._runsc_features())
+                                          self._runsc_features(), self.accelerators)
             for line in selection.messages():
                 self.say(err_fd, line)
             if selection.checkpoint is not None:

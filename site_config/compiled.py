@@ -73,9 +73,10 @@ class CheckpointStore:
     """Where checkpoint images live: ``path`` (a directory every node sees),
     ``keep_last`` images kept per job, ``compression`` none|flate-best-speed of the
     stored image, ``min_free_mb`` (MB) that must stay free before a new
-    checkpoint is written (0 = no floor), and ``cuda_checkpoint``: the path of
-    NVIDIA's cuda-checkpoint inside GPU sandboxes, which runsc runs there to
-    save CUDA state (None = looked for in slurmbox.migrate.policy.CUDA_CHECKPOINT_PATHS)."""
+    checkpoint is written (0 = no floor), and ``cuda_checkpoint``: the path on
+    the nodes of NVIDIA's cuda-checkpoint (root's), bound read-only into GPU
+    sandboxes, where runsc runs it to save CUDA state (None = looked for in
+    slurmbox.migrate.policy.CUDA_CHECKPOINT_PATHS)."""
 
     path: str = "/var/lib/slurmbox/checkpoints"
     keep_last: int = 2

@@ -251,11 +251,10 @@ def test_gpu_sandbox_transparent_refused_without_cuda_checkpoint():
     with pytest.raises(policy.CheckpointOptionError, match="--sandbox-checkpoint=signal") as err:
         policy.refuse_gpu_transparent(explicit, {"nvidia"}, old_help)
     assert "no CUDA checkpoint support (runsc checkpoint --cuda-checkpoint-path" in str(err.value)
-    assert policy.refuse_gpu_transparent(explicit, {"nvidia"}, new_help, "/usr/bin/cuda-checkpoint") is explicit
-    with pytest.raises(policy.CheckpointOptionError, match="cuda-checkpoint, which runsc runs inside the sandbox") \
-            as err:
-        policy.refuse_gpu_transparent(explicit, {"nvidia"}, new_help, None, "/images/pytorch")
-    assert "file system /images/pytorch (looked for /usr/bin/cuda-checkpoint" in str(err.value)
+    assert policy.refuse_gpu_transparent(explicit, {"nvidia"}, new_help) is explicit
+    with pytest.raises(policy.CheckpointOptionError, match="cuda-checkpoint, which runsc runs as root inside") as err:
+        policy.refuse_gpu_transparent(explicit, {"nvidia"}, new_help, "the sandbox runs in the image /img")
+    assert "cannot be used: the sandbox runs in the image /img" in str(err.value)
     with pytest.raises(policy.CheckpointOptionError, match="amd devices"):
         policy.refuse_gpu_transparent(explicit, {"amd"}, new_help)
 
@@ -264,38 +263,50 @@ def test_gpu_sandbox_transparent_refused_without_cuda_checkpoint():
 
     default = policy.resolve({}, {}, Ondemand())
     assert policy.refuse_gpu_transparent(default, {"nvidia"}, old_help).mode == "none"
-    assert policy.refuse_gpu_transparent(default, {"nvidia"}, new_help, None).mode == "none"
+    assert policy.refuse_gpu_transparent(default, {"nvidia"}, new_help, "no binary").mode == "none"
     assert policy.gpu_checkpoint_flag(new_help) == "cuda-checkpoint-path"
+    assert policy.gpu_checkpoint_flag({"cuda-checkpoint-path": {"type": "string"}}) == "cuda-checkpoint-path"
     assert policy.gpu_checkpoint_flag(old_help) is None
     assert policy.gpu_checkpoint_flag(_runsc_help("checkpoint-help-20221219.txt")) is None
+    assert policy.cuda_checkpoint_flags(new_help) == ["--cuda-checkpoint-path=%s" % policy.CUDA_CHECKPOINT_MOUNT]
+    assert policy.cuda_checkpoint_flags(old_help) == []
 
 
-def test_cuda_checkpoint_is_looked_for_in_the_sandbox_root_and_passed_by_its_path_there(tmp_path):
-    new_help = _runsc_help("checkpoint-help-20260817-source.txt")
-    image = tmp_path / "image"
-    assert policy.find_cuda_checkpoint(str(image)) is None
-    tool = image / "usr" / "local" / "bin" / "cuda-checkpoint"
-    tool.parent.mkdir(parents=True)
+@needs_root
+def test_only_a_cuda_checkpoint_that_root_alone_can_change_is_used(tmp_path):
+    """gVisor runs it as root of the sandbox: the file and every directory above it must be root's alone."""
+    base = tmp_path / "nv"
+    base.mkdir()
+    tool = base / "cuda-checkpoint"
     tool.write_text("#!/bin/sh\n")
-    assert policy.find_cuda_checkpoint(str(image)) is None  # not executable
     tool.chmod(0o755)
-    assert policy.find_cuda_checkpoint(str(image)) == "/usr/local/bin/cuda-checkpoint"  # the path inside
-    assert policy.find_cuda_checkpoint(str(image), "/opt/nv/cuda-checkpoint") is None  # the site's path only
-    (image / "opt" / "nv").mkdir(parents=True)
-    os.symlink("/usr/local/bin/cuda-checkpoint", str(image / "opt" / "nv" / "cuda-checkpoint"))
-    # Links resolve inside the image, as in the sandbox: an absolute one, a merged-usr /bin, and a loop.
-    assert policy.find_cuda_checkpoint(str(image), "/opt/nv/cuda-checkpoint") == "/opt/nv/cuda-checkpoint"
-    os.symlink("usr/local/bin", str(image / "bin"))
-    assert policy.find_cuda_checkpoint(str(image), "/bin/cuda-checkpoint") == "/bin/cuda-checkpoint"
-    assert policy.path_in_root(str(image), "/bin/../bin/cuda-checkpoint") == str(tool)
-    os.symlink("/etc/passwd", str(image / "opt" / "nv" / "escape"))  # the host's /etc/passwd is not the image's
-    assert policy.path_in_root(str(image), "/opt/nv/escape") == str(image / "etc" / "passwd")
-    os.symlink("loop", str(image / "loop"))
-    assert policy.path_in_root(str(image), "/loop") is None
-    assert policy.cuda_checkpoint_flags(new_help, "/usr/local/bin/cuda-checkpoint") == [
-        "--cuda-checkpoint-path=/usr/local/bin/cuda-checkpoint"]
-    assert policy.cuda_checkpoint_flags(new_help, None) == []
-    assert policy.cuda_checkpoint_flags(_runsc_help("checkpoint-help-20240729.txt"), "/usr/bin/x") == []
+    os.chmod(str(tmp_path), 0o755)
+    assert policy.find_cuda_checkpoint(str(tool)) == (str(tool), None)
+    os.chmod(str(tool), 0o775)
+    path, problem = policy.find_cuda_checkpoint(str(tool))
+    assert path is None and problem == "%s: %s is writable by group or others" % (tool, tool)
+    os.chmod(str(tool), 0o755)
+    os.chown(str(base), 65534, -1)  # a directory above it belongs to someone else: they could swap the file
+    assert policy.find_cuda_checkpoint(str(tool))[1] == "%s: %s is owned by uid 65534, not root" % (tool, base)
+    os.chown(str(base), 0, -1)
+    os.chmod(str(tool), 0o644)
+    assert policy.find_cuda_checkpoint(str(tool))[1] == "%s: not an executable file" % tool
+    assert policy.find_cuda_checkpoint(str(tmp_path / "absent"))[1] == "%s: not found" % (tmp_path / "absent")
+    link = tmp_path / "link"
+    os.chmod(str(tool), 0o755)
+    os.symlink(str(tool), str(link))  # the link's target is checked and bound
+    assert policy.find_cuda_checkpoint(str(link)) == (str(tool), None)
+
+
+def test_cuda_checkpoint_never_runs_with_the_users_loader_or_libraries():
+    assert policy.cuda_checkpoint_blockers(None, ["/data", "/scratch/usr", "/opt/lib"]) == []
+    assert policy.cuda_checkpoint_blockers("/", []) == []
+    problems = policy.cuda_checkpoint_blockers("/images/torch", ["/usr/local/lib", "/etc", "/lib64/x", "/libfoo"])
+    assert problems == ["the sandbox runs in the image /images/torch (--sandbox-image), whose libraries the loader "
+                        "would take",
+                        "--sandbox-mounts puts a directory at /usr/local/lib, where the loader reads /usr",
+                        "--sandbox-mounts puts a directory at /etc, where the loader reads /etc",
+                        "--sandbox-mounts puts a directory at /lib64/x, where the loader reads /lib64"]
 
 
 @needs_root
@@ -405,39 +416,73 @@ def test_a_checkpoint_of_another_runsc_release_is_skipped_for_an_older_one_of_th
     assert select_checkpoint(store, "7", "batch", _uid(), runsc_features={}).checkpoint.name == newer.name
 
 
-@pytest.mark.parametrize("site_path", [None, "/opt/nvidia/cuda-checkpoint"])
-@pytest.mark.parametrize("installed", [True, False])
-def test_step_start_passes_cuda_checkpoint_path_or_refuses_saying_what_is_missing(tmp_path, installed, site_path):
-    """The supervisor's glue: a transparent GPU sandbox on a runsc with --cuda-checkpoint-path gets that flag with
-    cuda-checkpoint's path inside its root, or is refused (the user asked for transparent) naming the paths tried."""
+@needs_root
+@pytest.mark.parametrize("case", ["bound", "missing", "image", "mount"])
+def test_step_start_binds_cuda_checkpoint_or_refuses_saying_what_is_wrong(tmp_path, case):
+    """The supervisor's glue: a transparent GPU sandbox on a runsc with --cuda-checkpoint-path gets that flag and
+    the node's binary to bind, or is refused (the user asked for transparent) saying why."""
     import types
     from slurmbox.sandbox.supervisor import StepFailure, Supervisor
     from slurmbox.site_config.compiled import CheckpointStore as StoreSettings, SitePolicy
 
-    runsc = tmp_path / "runsc"
-    runsc.write_text("#!/bin/sh\ncat '%s' >&2\nexit 128\n" % os.path.join(
-        os.path.dirname(__file__), "data", "runsc", "checkpoint-help-20260817-source.txt"))
+    runsc = tmp_path / "runsc"  # answers --help (and --version) as gVisor 2026 would
+    runsc.write_text("#!/bin/sh\ncase \"$*\" in *--version*) echo 'runsc version release-20260817.0';; "
+                     "*restore*) cat '%s' >&2;; *) cat '%s' >&2;; esac\nexit 128\n"
+                     % (os.path.join(os.path.dirname(__file__), "data", "runsc", "restore-help-20260817-source.txt"),
+                        os.path.join(os.path.dirname(__file__), "data", "runsc", "checkpoint-help-20260817-source.txt")))
     runsc.chmod(0o755)
-    inside = site_path or "/usr/local/bin/cuda-checkpoint"
-    image = tmp_path / "image"
-    if installed:
-        tool = image / inside.lstrip("/")
-        tool.parent.mkdir(parents=True)
+    tool = tmp_path / "nv" / "cuda-checkpoint"
+    tool.parent.mkdir()
+    os.chmod(str(tmp_path), 0o755)
+    if case != "missing":
         tool.write_text("#!/bin/sh\n")
         tool.chmod(0o755)
     args = types.SimpleNamespace(option=["checkpoint=transparent"], runtime_dir=str(tmp_path), node="n1", job="5",
                                  step="batch", step_dir=str(tmp_path / "step"), local_tasks=1, partition="spot")
     sup = Supervisor(args)
-    sup.policy = SitePolicy(checkpoint_store=StoreSettings(cuda_checkpoint=site_path))
+    sup.policy = SitePolicy(checkpoint_store=StoreSettings(cuda_checkpoint=str(tool)))
     plan = types.SimpleNamespace(vendor="nvidia")
-    if installed:
-        settings = sup._checkpoint_settings({}, plan, [str(runsc)], root=str(image))
+    root = str(tmp_path / "image") if case == "image" else "/"
+    mounts = ["/usr/lib/x86_64-linux-gnu"] if case == "mount" else ["/data"]
+    if case == "bound":
+        settings = sup._checkpoint_settings({}, plan, [str(runsc)], root=root, mounts=mounts)
         assert settings.mode == "transparent"
-        assert sup.checkpoint_flags == ["--cuda-checkpoint-path=%s" % inside]
-    else:
-        with pytest.raises(StepFailure) as err:
-            sup._checkpoint_settings({}, plan, [str(runsc)], root=str(image))
-        assert "cuda-checkpoint, which runsc runs inside the sandbox to save them, is not in the sandbox's file " \
-               "system %s (looked for %s;" % (image, site_path or ", ".join(policy.CUDA_CHECKPOINT_PATHS)) \
-               in str(err.value)
-        assert "--sandbox-checkpoint=signal" in str(err.value)
+        assert sup.checkpoint_flags == ["--cuda-checkpoint-path=%s" % policy.CUDA_CHECKPOINT_MOUNT]
+        assert sup.cuda_checkpoint_source == str(tool)
+        return
+    with pytest.raises(StepFailure) as err:
+        sup._checkpoint_settings({}, plan, [str(runsc)], root=root, mounts=mounts)
+    assert "cuda-checkpoint, which runsc runs as root inside the sandbox to save them, cannot be used: " + {
+        "missing": "%s: not found" % tool,
+        "image": "the sandbox runs in the image %s (--sandbox-image)" % root,
+        "mount": "--sandbox-mounts puts a directory at /usr/lib/x86_64-linux-gnu, where the loader reads /usr",
+    }[case] in str(err.value)
+    assert "--sandbox-checkpoint=signal" in str(err.value) and sup.cuda_checkpoint_source is None
+
+
+def test_a_checkpoint_holding_gpu_state_restores_only_with_as_many_gpus(store):
+    """select_checkpoint skips, saying why, a checkpoint whose CUDA state was taken on another number of GPUs."""
+    from slurmbox.sandbox import devices
+
+    two = {"vendor": "nvidia", "count": 2}
+    pending = store.begin("8", "batch", os.getuid())
+    with open(os.path.join(pending.image_dir, "checkpoint.img"), "wb") as handle:
+        handle.write(b"image")
+    pending.publish({"node": "n1", "accelerators": two})
+    assert select_checkpoint(store, "8", "batch", os.getuid(), accelerators=dict(two)).checkpoint is not None
+    for now in ({"vendor": "nvidia", "count": 1}, None):
+        selection = select_checkpoint(store, "8", "batch", os.getuid(), accelerators=now)
+        assert selection.checkpoint is None
+        assert "taken with 2 nvidia device(s), and this run has %s" % ("1 nvidia" if now else "0 accelerator") in \
+            selection.skipped[0][1][0]
+    # A checkpoint without GPU state restores anywhere.
+    pending = store.begin("9", "batch", os.getuid())
+    with open(os.path.join(pending.image_dir, "checkpoint.img"), "wb") as handle:
+        handle.write(b"image")
+    pending.publish({"node": "n1"})
+    assert select_checkpoint(store, "9", "batch", os.getuid(), accelerators=two).checkpoint is not None
+    # What is recorded: the per-GPU device files, not the shared control nodes.
+    plan = devices.DevicePlan(vendor="nvidia", devices=[
+        devices.Device("/dev/nvidia%s" % n, "/dev/nvidia%s" % n, "c", 195, m)
+        for n, m in (("0", 0), ("3", 3), ("ctl", 255), ("-uvm", 511))])
+    assert devices.accelerators(plan) == two and devices.accelerators(devices.DevicePlan()) is None

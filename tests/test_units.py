@@ -27,11 +27,17 @@ def test_parse_mounts_defaults_to_read_write_and_normalises():
 @pytest.mark.parametrize("text, needle", [
     ("/a", "not SRC:DST"), ("a:/b", "not absolute"), ("/a:/b:rx", "not ro or rw"),
     ("/a/../b:/c", "contains '..'"), ("/a:/", "replace the sandbox root"), ("/a:/b,", "empty mount entry"),
+    ("/a:/run/slurmbox-cuda-checkpoint", "reserved for slurmbox"),
+    ("/a:/run/slurmbox-broker/x/", "destination /run/slurmbox-broker of entry"),
 ])
 def test_parse_mounts_rejects_malformed_entries(text, needle):
     with pytest.raises(options.OptionError) as err:
         options.parse_mounts(text)
     assert needle in str(err.value) and "--sandbox-mounts" in str(err.value)
+
+
+def test_a_mount_next_to_the_reserved_destinations_is_fine():
+    assert options.parse_mounts("/a:/run/slurmbox-cuda-checkpoints")[0].destination == "/run/slurmbox-cuda-checkpoints"
 
 
 def test_command_line_wins_over_environment_and_null_means_no_value():
