@@ -120,8 +120,8 @@ _PING_LINE = re.compile(r"^Slurmctld\((\w+)\) at (\S+) is (UP|DOWN)\s*$", re.M)
 
 
 def check_slurmctld(ctx):
-    """slurmctld answers (`scontrol ping`): pass when every controller is UP, warn when a backup
-    answers for a primary (or another backup) that is DOWN, fail when none answers."""
+    """slurmctld answers (`scontrol ping`): pass when every controller is UP, warn when one answers
+    and another (primary or backup) is DOWN, fail when none answers."""
     missing = _no_slurm_conf(ctx, "node.slurmctld", "slurmctld")
     if missing:
         return missing
@@ -131,11 +131,12 @@ def check_slurmctld(ctx):
     said = "; ".join(l.strip() for l in output.splitlines() if l.strip() and not l.strip().startswith("*"))
     states = _PING_LINE.findall(output)
     down = ["%s (%s)" % (host, role) for role, host, state in states if state == "DOWN"]
-    if status == 0 and any(state == "UP" for _role, _host, state in states):
-        if down:  # a backup controller took over: jobs run, but one more failure stops the cluster
+    up = any(state == "UP" for _role, _host, state in states) or (not states and "is UP" in output)
+    if status == 0 and up:
+        if down:  # another controller answers: jobs run, with fewer controllers than slurm.conf lists
             return Check("node.slurmctld", GROUP, WARN, said,
-                         "restore slurmctld on %s; until then the cluster has no spare controller"
-                         % ", ".join(down))
+                         "restore slurmctld on %s; until then the cluster runs on fewer controllers than "
+                         "slurm.conf lists (SlurmctldHost)" % ", ".join(down))
         return Check("node.slurmctld", GROUP, PASS, said)
     return Check("node.slurmctld", GROUP, FAIL, "slurmctld is not reachable with SLURM_CONF=%s (exit %d): %s"
                  % (ctx.slurm_conf, status, said or "no output"),

@@ -267,7 +267,8 @@ def restore_flags(features, manifest):
       user_guide/checkpoint_restore.md "Background Restore"). The image has
       been verified before runsc reads it, so nothing unverified is loaded
       either way; runsc keeps the pages file open until it is loaded, so a
-      pruned or collected image frees its space only then.
+      pruned or collected image frees its space only then (on NFS its
+      directory stays, holding ``.nfs*`` files, until a later ``gc``).
 
     ``features`` None (unknown runsc) gives no flags.
     """

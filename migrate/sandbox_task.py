@@ -35,6 +35,8 @@ from slurmbox.slurm_client import scontrol
 SIGNAL_DEADLINE_S = 60.0
 #: Seconds a control-socket request waits for a transparent evacuation.
 EVACUATION_TIMEOUT_S = 600.0
+#: Seconds a signal that came during a local restore waits for the restored sandbox to run.
+RESUME_WAIT_S = 60.0
 
 
 class Evacuation:
@@ -102,8 +104,11 @@ class CheckpointableTask:
         """
         with self.lock:
             if self.evacuation is not None:
-                if self.evacuation.reason == "periodic" and signum in (signal.SIGTERM, signal.SIGINT):
-                    self.evacuation.interrupted = signum  # delivered as the step's end once the image is safe
+                if signum in (signal.SIGTERM, signal.SIGINT) and not self.evacuation.interrupted and (
+                        self.evacuation.reason == "periodic" or self.evacuation.decided.is_set()):
+                    # Delivered as the step's end once the image is safe, or, when the sandbox has just been
+                    # resumed here, passed on to it again (after_exit).
+                    self.evacuation.interrupted = signum
                 return signum in (signal.SIGTERM, signal.SIGCONT, signal.SIGINT)
             if signum != signal.SIGTERM or self.closed:
                 return False
@@ -330,6 +335,13 @@ class CheckpointableTask:
 
     def _requeue(self, evacuation, program_gone, ckpt=None):
         job = self.sup.args.job
+        if evacuation.reason == "periodic" and evacuation.interrupted == signal.SIGTERM and self._peer_request():
+            # The periodic checkpoint failed while another rank was evacuating its node: requeueing now would
+            # end that rank's checkpoint midway. It requeues the job once its wait for this rank is over.
+            evacuation.finish("requeued", "the periodic checkpoint failed while another rank asked for one; "
+                              "that rank requeues job %s (this rank restarts from its previous checkpoint)" % job)
+            self.sup.say(self.err_fd, evacuation.message)
+            return
         if not before_requeue(self.sup, evacuation, ckpt, self.err_fd):  # other ranks of a multi-node step
             return
         try:
@@ -398,11 +410,27 @@ class CheckpointableTask:
         evacuation.decided.wait()
         if evacuation.outcome == "resumed":
             with self.lock:
-                self.evacuation = None
+                if self.evacuation is evacuation:
+                    self.evacuation = None
+            if evacuation.interrupted:  # arrived while the sandbox was being resumed: it was not acted on
+                threading.Thread(target=self._redeliver, args=(evacuation.interrupted,), daemon=True).start()
             return "resumed"
         if evacuation.outcome in ("requeued", "lost", "interrupted"):
             return evacuation.outcome
         return None
+
+    def _redeliver(self, signum, timeout=RESUME_WAIT_S):
+        """Handle ``signum`` again once the sandbox resumed here runs (``runsc state``): a SIGTERM that came
+        while it was being restored is a preemption, another rank's request or the step's end, as any other."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not self.closed:
+            state = subprocess.run(self.prefix + ["state", self.sup.container_id], capture_output=True, text=True,
+                                   check=False, input="")
+            if '"running"' in state.stdout or self.proc is None or self.proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        if not self.on_signal(signum):
+            self._kill(signum)
 
     # -- end -----------------------------------------------------------------------------
     def _kill(self, signum):

@@ -357,6 +357,10 @@ def test_restore_spec_gives_the_sandbox_this_runs_devices_not_the_checkpointed_o
     assert spec["annotations"]["org.slurmbox.devices"] == ",".join("/dev/nvidia%d" % m for m in now)
     assert spec["linux"]["resources"]["memory"] == {"limit": 1 << 30}  # the rest is the saved spec's
     assert spec["linux"]["namespaces"] == [{"type": "pid"}]
+    bare = {"hostname": "n", "mounts": [], "linux": {}}  # this run's spec has no device rules at all
+    spec = restore_spec(ckpt, bare)
+    assert spec["linux"]["devices"] == [] and "devices" not in spec["linux"]["resources"]
+    assert "org.slurmbox.devices" not in spec["annotations"]
 
 
 @needs_root

@@ -115,6 +115,9 @@ def test_slurmctld_failover_to_a_backup_is_a_warning_naming_the_controller_down(
     assert check.status == WARN, check
     assert check.summary == "Slurmctld(primary) at ctl1 is DOWN; Slurmctld(backup) at ctl2 is UP"
     assert check.action.startswith("restore slurmctld on ctl1 (primary)")
+    _answer(monkeypatch, 0, "Slurmctld(primary) at ctl1 is UP\nSlurmctld(backup) at ctl2 is DOWN\n")
+    check = node_checks.check_slurmctld(_ctx(silent_slurm_conf))
+    assert check.status == WARN and check.action.startswith("restore slurmctld on ctl2 (backup)"), check
 
 
 @pytest.mark.parametrize("check", [node_checks.check_slurmd, node_checks.check_slurmctld])

@@ -500,9 +500,9 @@ def test_checkpoint_ls_verify_gc_cover_step_checkpoints(tmp_path):
     assert json.loads(collected.output)["removed"] == [stale] and not os.path.exists(stale)
 
 
-@pytest.mark.parametrize("asked", [True, False])
+@pytest.mark.parametrize("asked, fails", [(True, False), (False, False), (True, True)])
 def test_a_peer_request_during_a_periodic_checkpoint_is_answered_with_that_checkpoint(tmp_path, fake_slurm,
-                                                                                     monkeypatch, asked):
+                                                                                     monkeypatch, asked, fails):
     """A SIGTERM that arrives while a periodic checkpoint is taken is a peer's request when one is in the
     store (the checkpoint counts for that evacuation; no requeue here), else Slurm ending the step."""
     import signal
@@ -530,6 +530,9 @@ def test_a_peer_request_during_a_periodic_checkpoint_is_answered_with_that_check
             store.write_private("7", "0.node1", step_checkpoint.PEER_REQUEST, json.dumps(request).encode(),
                                 os.getuid())
         assert task.on_signal(signal.SIGTERM) is True  # swallowed: the checkpoint goes on
+        if fails:
+            pending.abort()
+            raise sandbox_task.CheckpointFailed("runsc checkpoint failed (exit 128): boom")
         with open(os.path.join(pending.image_dir, "checkpoint.img"), "wb") as handle:
             handle.write(os.urandom(64))
         return pending.publish(fields, spec), 0.1
@@ -537,12 +540,42 @@ def test_a_peer_request_during_a_periodic_checkpoint_is_answered_with_that_check
     monkeypatch.setattr(sandbox_task, "checkpoint_sandbox", checkpoint_sandbox)
     evacuation = task.evacuation = sandbox_task.Evacuation("periodic")
     task._evacuate(evacuation, requeue=False)
-    assert store.checkpoints("7", "0.node1")[0].manifest["reason"] == "periodic"
     assert requeues == []  # the rank that asked requeues the job; the sandbox here stays stopped
     saved = step_checkpoint.peers_saved(store, "7", "0", 2, 0, "a" * 64, evacuation_id="e5")
+    if fails:  # no checkpoint to report: the rank that asked waits for it, then requeues (not this one, now)
+        assert store.checkpoints("7", "0.node1") == [] and saved == set()
+        assert evacuation.outcome == "requeued" and "that rank requeues job 7" in evacuation.message
+        return
+    assert store.checkpoints("7", "0.node1")[0].manifest["reason"] == "periodic"
     if asked:
         assert evacuation.outcome == "requeued" and saved == {1}
         assert "checkpointed at another rank's request" in evacuation.message
         assert step_checkpoint.take_peer_request(store, "7", "0.node1", 0, "a" * 64) is None  # taken once
     else:
         assert evacuation.outcome == "interrupted" and evacuation.interrupted == signal.SIGTERM and saved == set()
+
+
+def test_a_sigterm_during_a_local_resume_is_passed_on_once_the_sandbox_runs(tmp_path, monkeypatch):
+    """A SIGTERM that lands after a periodic checkpoint decided to resume here, before the resumed sandbox is
+    followed again, is not lost: it is handled again (here: not a preemption, so passed to the program)."""
+    import signal
+    import threading
+    import types
+    from slurmbox.migrate import sandbox_task, triggers
+    from slurmbox.migrate.policy import CheckpointSettings
+
+    sup = _FakeSupervisor(CheckpointStore(str(tmp_path / "store")), nodes=1)
+    sup.container_id = "sbx-7"
+    killed, delivered = [], threading.Event()
+    sup._kill = lambda prefix, ids, signum: (killed.append((ids, signum)), delivered.set())
+    monkeypatch.setattr(triggers, "preempted", lambda job, env=None: False)
+    # "runsc state" of the resumed sandbox: running.
+    task = sandbox_task.CheckpointableTask(sup, CheckpointSettings(mode="transparent", interval_s=60),
+                                           ["/bin/echo", '{"status": "running"}'], {}, [], None)
+    task.proc = types.SimpleNamespace(poll=lambda: None)
+    evacuation = task.evacuation = sandbox_task.Evacuation("periodic")
+    evacuation.finish("resumed", "periodic checkpoint taken; the program continues")
+    assert task.on_signal(signal.SIGTERM) is True  # the resume is under way: held, not dropped
+    assert task.after_exit() == "resumed" and task.evacuation is not evacuation
+    assert delivered.wait(30), "the SIGTERM was never passed on"
+    assert killed == [(["sbx-7"], signal.SIGTERM)]
