@@ -24,7 +24,8 @@ lines), its checkpoint mode is transparent, and gVisor cannot save the GPUs'
 state there: the partition's accelerators (site configuration) are AMD, TPU
 or Trainium, or the installed runsc has no CUDA checkpoint flag. The decision
 is slurmbox.migrate.policy.refuse_gpu_transparent's, the same the supervisor
-applies when the step starts (which stays the authoritative check): jobs are
+applies when the step starts (which stays the authoritative check, and alone
+sees the node's side: its cuda-checkpoint, the sandbox image and mounts): jobs are
 refused for an explicit ``--sandbox-checkpoint=transparent`` and for the site
 default on a preemptible partition, except that salloc (its allocation runs no
 checkpointed step) and an srun step that the supervisor would not checkpoint
