@@ -129,7 +129,13 @@ CUDA_CHECKPOINT_MOUNT = "/run/slurmbox-cuda-checkpoint/cuda-checkpoint"
 #: Directories the dynamic loader and its configuration come from (ld.so(8): /etc/ld.so.preload,
 #: /etc/ld.so.cache, the trusted /lib and /usr/lib directories). gVisor runs ``cuda-checkpoint`` as root
 #: of the sandbox, so none of them may come from the user.
-LOADER_PATHS = ("/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin", "/etc")
+LOADER_PATHS = ("/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin", "/etc", "/opt")
+#: Environment variables the dynamic loader and glibc act on in a process started as root without
+#: secure-execution mode (ld.so(8) "ENVIRONMENT"; glibc's unsecvars.h), which gVisor's run of
+#: cuda-checkpoint is: it gets the spec's process environment, the user's.
+LOADER_VARIABLE_PREFIXES = ("LD_", "GLIBC_", "MALLOC_")
+LOADER_VARIABLES = ("GCONV_PATH", "HOSTALIASES", "LOCALDOMAIN", "LOCPATH", "NLSPATH", "RESOLV_HOST_CONF",
+                    "RES_OPTIONS", "TMPDIR", "TZDIR")
 
 
 def gpu_checkpoint_flag(checkpoint_help):
@@ -188,25 +194,45 @@ def _not_roots(path):
         current = parent
 
 
-def cuda_checkpoint_blockers(image, mount_destinations):
+def cuda_checkpoint_blockers(image, mount_destinations, environment=(), allowed=False):
     """Why gVisor must not run ``cuda-checkpoint`` as root in this sandbox (list of str, empty = it may).
 
-    ``image``: the ``--sandbox-image`` directory (None = the node's root);
-    ``mount_destinations``: the user's bind mount destinations. The binary
-    is dynamically linked: in a user's image, or with a user's mount over a
-    LOADER_PATHS directory, the user's loader or libraries would run as the
-    sandbox's root, which reads the node's files through runsc's gofer and
-    every file under the job's bind mounts whatever their permissions.
+    gVisor runs it as the sandbox's root with every capability, in the CUDA
+    process's own mount namespace and with the sandbox's process
+    environment; that root reads the node's files through runsc's gofer
+    and every file under the job's bind mounts whatever their permissions.
+    So it is used only where the site allows it (``allowed``, the site's
+    ``checkpoint_store.allow_cuda_checkpoint``: partitions whose programs are
+    trusted not to replace it from inside, e.g. from a user namespace of
+    their own) and where what it loads cannot be the user's: ``image``
+    (``--sandbox-image``, None = the node's root) unset; no
+    ``mount_destinations`` (the user's bind mounts) over LOADER_PATHS or
+    over the directories above CUDA_CHECKPOINT_MOUNT (as the node's root
+    resolves them: ``/var/run`` is ``/run``); no ``environment`` entry
+    ("NAME=value" strings) the loader acts on.
     """
     problems = []
-    if image and os.path.normpath(image) != "/":
+    if not allowed:
+        problems.append("the site does not allow it (checkpoint_store.allow_cuda_checkpoint: gVisor runs it as the "
+                        "sandbox's root, where the program could replace it)")
+    if image:
         problems.append("the sandbox runs in the image %s (--sandbox-image), whose libraries the loader would take" %
                         image)
     for destination in mount_destinations:
-        covered = [p for p in LOADER_PATHS if destination == p or destination.startswith(p + "/")]
-        if covered:
-            problems.append("--sandbox-mounts puts a directory at %s, where the loader reads %s" % (destination,
-                                                                                                   covered[0]))
+        for seen in sorted({destination, os.path.realpath(destination)}):
+            covered = [p for p in LOADER_PATHS if seen == p or seen.startswith(p + "/")]
+            if covered:
+                problems.append("--sandbox-mounts puts a directory at %s, where the loader reads %s"
+                                % (destination, covered[0]))
+                break
+            if CUDA_CHECKPOINT_MOUNT.startswith(seen.rstrip("/") + "/"):
+                problems.append("--sandbox-mounts puts a directory at %s, above where cuda-checkpoint is bound (%s)"
+                                % (destination, CUDA_CHECKPOINT_MOUNT))
+                break
+    names = sorted({entry.split("=", 1)[0] for entry in environment if "=" in entry})
+    loader = [n for n in names if n.startswith(LOADER_VARIABLE_PREFIXES) or n in LOADER_VARIABLES]
+    if loader:
+        problems.append("the job's environment sets %s, which the loader would act on (unset them)" % ", ".join(loader))
     return problems
 
 

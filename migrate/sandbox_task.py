@@ -35,7 +35,8 @@ from slurmbox.slurm_client import scontrol
 SIGNAL_DEADLINE_S = 60.0
 #: Seconds a control-socket request waits for a transparent evacuation.
 EVACUATION_TIMEOUT_S = 600.0
-#: Seconds a signal that came during a local restore waits for the restored sandbox to run.
+#: Seconds a local restore (after a periodic checkpoint, or a refused requeue) is waited for before the
+#: evacuation ends; signals that come meanwhile are handled once it runs.
 RESUME_WAIT_S = 60.0
 
 
@@ -391,6 +392,7 @@ class CheckpointableTask:
                                 stdin=self.child_fds[0], stdout=self.child_fds[1], stderr=self.child_fds[2],
                                 close_fds=True, start_new_session=True)
         self.proc = proc
+        self._wait_running(proc)  # a signal until then is held (on_signal) and handled again (after_exit)
         evacuation.finish("resumed", why)
         self.sup.say(self.err_fd if evacuation.reason != "periodic" else None, evacuation.message)
 
@@ -419,16 +421,20 @@ class CheckpointableTask:
             return evacuation.outcome
         return None
 
-    def _redeliver(self, signum, timeout=RESUME_WAIT_S):
-        """Handle ``signum`` again once the sandbox resumed here runs (``runsc state``): a SIGTERM that came
-        while it was being restored is a preemption, another rank's request or the step's end, as any other."""
+    def _wait_running(self, proc, timeout=RESUME_WAIT_S):
+        """Return once the sandbox restored by ``proc`` (``runsc restore``) runs (``runsc state``), ``proc``
+        exited (the restore failed), or after ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and not self.closed:
+        while time.monotonic() < deadline and proc.poll() is None:
             state = subprocess.run(self.prefix + ["state", self.sup.container_id], capture_output=True, text=True,
                                    check=False, input="")
-            if '"running"' in state.stdout or self.proc is None or self.proc.poll() is not None:
-                break
+            if '"running"' in state.stdout:
+                return
             time.sleep(0.1)
+
+    def _redeliver(self, signum):
+        """Handle ``signum`` again now that the sandbox resumed here runs: a SIGTERM that came while it was
+        being restored is a preemption, another rank's request or the step's end, as any other."""
         if not self.on_signal(signum):
             self._kill(signum)
 

@@ -257,8 +257,8 @@ class Supervisor:
             return
         self._record_once(request, plan, spec, prefix)
         settings = self._checkpoint_settings(message["env"], plan, prefix, message["argv"],
-                                             bool(spec["process"]["terminal"]), spec["root"]["path"],
-                                             [m.destination for m in request.mounts])
+                                             bool(spec["process"]["terminal"]), request.image,
+                                             [m.destination for m in request.mounts], spec["process"]["env"])
         if self.cuda_checkpoint_source:  # runsc runs it inside the sandbox to save and restore CUDA state
             from slurmbox.migrate.policy import CUDA_CHECKPOINT_MOUNT
             spec["mounts"].append({"destination": CUDA_CHECKPOINT_MOUNT, "type": "bind",
@@ -425,12 +425,14 @@ class Supervisor:
         return proc, [self.container_id]
 
     # -- checkpoints (batch steps; slurmbox.migrate) -------------------------------------
-    def _checkpoint_settings(self, task_env, plan, prefix, argv=(), terminal=False, root="/", mounts=()):
+    def _checkpoint_settings(self, task_env, plan, prefix, argv=(), terminal=False, image=None, mounts=(),
+                             environment=()):
         """CheckpointSettings of this step: a batch step's init, or an srun step with one task per node
         (slurmbox.migrate.step_checkpoint, which sets ``checkpoint_step`` and ``step_manifest``).
-        ``root``: the sandbox's root file system on this node; ``mounts``: the user's bind mount
-        destinations. For a GPU sandbox saved with runsc's CUDA checkpoint, sets ``checkpoint_flags``
-        and ``cuda_checkpoint_source`` (the node's cuda-checkpoint, to bind into the sandbox)."""
+        ``image``: the ``--sandbox-image`` (None: the node's root); ``mounts``: the user's bind mount
+        destinations; ``environment``: the spec's process environment ("NAME=value"). For a GPU sandbox
+        saved with runsc's CUDA checkpoint, sets ``checkpoint_flags`` and ``cuda_checkpoint_source`` (the
+        node's cuda-checkpoint, to bind into the sandbox; policy.cuda_checkpoint_blockers)."""
         from slurmbox.migrate import policy as ckpt_policy
 
         self.checkpoint_flags = []
@@ -455,7 +457,9 @@ class Supervisor:
                 if plan.vendor == "nvidia" and ckpt_policy.gpu_checkpoint_flag(flags):
                     configured = getattr(getattr(self.policy, "checkpoint_store", None), "cuda_checkpoint", None)
                     host_binary, problem = ckpt_policy.find_cuda_checkpoint(configured)
-                    blockers = ckpt_policy.cuda_checkpoint_blockers(None if root == "/" else root, mounts)
+                    allowed = bool(getattr(getattr(self.policy, "checkpoint_store", None), "allow_cuda_checkpoint",
+                                           False))
+                    blockers = ckpt_policy.cuda_checkpoint_blockers(image, mounts, environment, allowed)
                     problem = "; ".join(([problem] if problem else []) + blockers) or None
                 settings = ckpt_policy.refuse_gpu_transparent(settings, {plan.vendor}, flags, problem)
                 if settings.mode == "transparent":

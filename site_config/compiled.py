@@ -76,13 +76,16 @@ class CheckpointStore:
     checkpoint is written (0 = no floor), and ``cuda_checkpoint``: the path on
     the nodes of NVIDIA's cuda-checkpoint (root's), bound read-only into GPU
     sandboxes, where runsc runs it to save CUDA state (None = looked for in
-    slurmbox.migrate.policy.CUDA_CHECKPOINT_PATHS)."""
+    slurmbox.migrate.policy.CUDA_CHECKPOINT_PATHS), and ``allow_cuda_checkpoint``:
+    whether runsc may (it runs as the sandbox's root inside the sandbox;
+    slurmbox.migrate.policy.cuda_checkpoint_blockers; default no)."""
 
     path: str = "/var/lib/slurmbox/checkpoints"
     keep_last: int = 2
     compression: str = "none"
     min_free_mb: int = 0
     cuda_checkpoint: str = None
+    allow_cuda_checkpoint: bool = False
 
 
 @dataclass(frozen=True)

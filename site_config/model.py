@@ -266,6 +266,7 @@ class CheckpointStoreModel(_Strict):
     compression: Literal["none", "flate-best-speed", "gzip", "zstd"] = "none"
     min_free_mb: int = Field(0, ge=0)
     cuda_checkpoint: Optional[str] = None
+    allow_cuda_checkpoint: bool = False
 
     @field_validator("compression")
     @classmethod

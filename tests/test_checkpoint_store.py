@@ -299,14 +299,25 @@ def test_only_a_cuda_checkpoint_that_root_alone_can_change_is_used(tmp_path):
 
 
 def test_cuda_checkpoint_never_runs_with_the_users_loader_or_libraries():
-    assert policy.cuda_checkpoint_blockers(None, ["/data", "/scratch/usr", "/opt/lib"]) == []
-    assert policy.cuda_checkpoint_blockers("/", []) == []
-    problems = policy.cuda_checkpoint_blockers("/images/torch", ["/usr/local/lib", "/etc", "/lib64/x", "/libfoo"])
-    assert problems == ["the sandbox runs in the image /images/torch (--sandbox-image), whose libraries the loader "
-                        "would take",
-                        "--sandbox-mounts puts a directory at /usr/local/lib, where the loader reads /usr",
-                        "--sandbox-mounts puts a directory at /etc, where the loader reads /etc",
-                        "--sandbox-mounts puts a directory at /lib64/x, where the loader reads /lib64"]
+    def blockers(image=None, mounts=(), env=(), allowed=True):
+        return policy.cuda_checkpoint_blockers(image, list(mounts), list(env), allowed)
+
+    assert blockers(mounts=["/data", "/scratch/usr", "/runs"], env=["PATH=/usr/bin", "CUDA_VISIBLE_DEVICES=0"]) == []
+    assert blockers(allowed=False) == ["the site does not allow it (checkpoint_store.allow_cuda_checkpoint: gVisor "
+                                       "runs it as the sandbox's root, where the program could replace it)"]
+    assert blockers("/") == [  # an image of / is not the masked node root: treated as any image
+        "the sandbox runs in the image / (--sandbox-image), whose libraries the loader would take"]
+    assert blockers(mounts=["/usr/local/lib", "/etc", "/lib64/x", "/opt/conda", "/libfoo"]) == [
+        "--sandbox-mounts puts a directory at /usr/local/lib, where the loader reads /usr",
+        "--sandbox-mounts puts a directory at /etc, where the loader reads /etc",
+        "--sandbox-mounts puts a directory at /lib64/x, where the loader reads /lib64",
+        "--sandbox-mounts puts a directory at /opt/conda, where the loader reads /opt"]
+    # Over the bound binary, also through the node's /var/run -> /run link.
+    above = blockers(mounts=["/run"] + (["/var/run"] if os.path.realpath("/var/run") == "/run" else []))
+    assert all("above where cuda-checkpoint is bound (/run/slurmbox-cuda-checkpoint/cuda-checkpoint)" in p
+               for p in above) and len(above) == (2 if os.path.realpath("/var/run") == "/run" else 1)
+    assert blockers(env=["PATH=/bin", "LD_PRELOAD=/tmp/x.so", "GLIBC_TUNABLES=a", "TZDIR=/tmp", "X=LD_"]) == [
+        "the job's environment sets GLIBC_TUNABLES, LD_PRELOAD, TZDIR, which the loader would act on (unset them)"]
 
 
 @needs_root
@@ -421,7 +432,7 @@ def test_a_checkpoint_of_another_runsc_release_is_skipped_for_an_older_one_of_th
 
 
 @needs_root
-@pytest.mark.parametrize("case", ["bound", "missing", "image", "mount"])
+@pytest.mark.parametrize("case", ["bound", "missing", "image", "mount", "environment", "not-allowed"])
 def test_step_start_binds_cuda_checkpoint_or_refuses_saying_what_is_wrong(tmp_path, case):
     """The supervisor's glue: a transparent GPU sandbox on a runsc with --cuda-checkpoint-path gets that flag and
     the node's binary to bind, or is refused (the user asked for transparent) saying why."""
@@ -444,24 +455,30 @@ def test_step_start_binds_cuda_checkpoint_or_refuses_saying_what_is_wrong(tmp_pa
     args = types.SimpleNamespace(option=["checkpoint=transparent"], runtime_dir=str(tmp_path), node="n1", job="5",
                                  step="batch", step_dir=str(tmp_path / "step"), local_tasks=1, partition="spot")
     sup = Supervisor(args)
-    sup.policy = SitePolicy(checkpoint_store=StoreSettings(cuda_checkpoint=str(tool)))
+    sup.policy = SitePolicy(checkpoint_store=StoreSettings(cuda_checkpoint=str(tool),
+                                                           allow_cuda_checkpoint=case != "not-allowed"))
     plan = types.SimpleNamespace(vendor="nvidia")
-    root = str(tmp_path / "image") if case == "image" else "/"
+    image = str(tmp_path / "image") if case == "image" else None
     mounts = ["/usr/lib/x86_64-linux-gnu"] if case == "mount" else ["/data"]
+    environment = ["PATH=/usr/bin"] + (["LD_LIBRARY_PATH=/tmp/lib"] if case == "environment" else [])
     if case == "bound":
-        settings = sup._checkpoint_settings({}, plan, [str(runsc)], root=root, mounts=mounts)
+        settings = sup._checkpoint_settings({}, plan, [str(runsc)], image=image, mounts=mounts,
+                                            environment=environment)
         assert settings.mode == "transparent"
         assert sup.checkpoint_flags == ["--cuda-checkpoint-path=%s" % policy.CUDA_CHECKPOINT_MOUNT]
         assert sup.cuda_checkpoint_source == str(tool)
         return
     with pytest.raises(StepFailure) as err:
-        sup._checkpoint_settings({}, plan, [str(runsc)], root=root, mounts=mounts)
+        sup._checkpoint_settings({}, plan, [str(runsc)], image=image, mounts=mounts, environment=environment)
     assert "cuda-checkpoint, which runsc runs as root inside the sandbox to save them, cannot be used: " + {
         "missing": "%s: not found" % tool,
-        "image": "the sandbox runs in the image %s (--sandbox-image)" % root,
+        "image": "the sandbox runs in the image %s (--sandbox-image)" % image,
         "mount": "--sandbox-mounts puts a directory at /usr/lib/x86_64-linux-gnu, where the loader reads /usr",
+        "environment": "the job's environment sets LD_LIBRARY_PATH",
+        "not-allowed": "the site does not allow it (checkpoint_store.allow_cuda_checkpoint",
     }[case] in str(err.value)
     assert "--sandbox-checkpoint=signal" in str(err.value) and sup.cuda_checkpoint_source is None
+
 
 
 def test_a_checkpoint_holding_gpu_state_restores_only_with_as_many_gpus(store):
