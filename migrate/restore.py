@@ -52,8 +52,9 @@ def accelerator_problem(manifest, accelerators):
     allocation (None: none). A checkpoint that recorded accelerators holds
     their CUDA state (runsc checkpoint --cuda-checkpoint-path); gVisor
     toggles it back with cuda-checkpoint and no device map, onto as many
-    devices of the same vendor, so a run with another number is refused here
-    instead of failing inside runsc.
+    devices of the same vendor and model (NVIDIA cuda-checkpoint), so a run
+    with another number, or other gres types where both runs have typed
+    ones, is refused here instead of failing inside runsc.
     """
     recorded = (manifest or {}).get("accelerators")
     if not recorded:
@@ -64,6 +65,10 @@ def accelerator_problem(manifest, accelerators):
                 "devices of the same kind (request the same GPUs, e.g. --gres=gpu:%s)"
                 % (recorded.get("count"), recorded.get("vendor"), have.get("count"), have.get("vendor") or "accelerator",
                    recorded.get("count")))
+    models, now = recorded.get("models") or [], have.get("models") or []
+    if models and now and models != now:  # both typed by Slurm (gres Type=) and different
+        return ("taken on %s GPUs, and this run has %s: CUDA state restores only onto the same model (request it, "
+                "e.g. --gres=gpu:%s:%s)" % (",".join(models), ",".join(now), models[0], recorded.get("count")))
     return None
 
 

@@ -72,15 +72,19 @@ def vendor_of(path):
     return None
 
 
-def accelerators(plan):
-    """``{"vendor": str, "count": int}`` of the accelerators in ``plan`` (a DevicePlan), or None when it has none.
+def accelerators(plan, models=()):
+    """``{"vendor": str, "count": int, "models": [str]}`` of the accelerators in ``plan`` (a DevicePlan), or None
+    when it has none.
 
     Only the per-device files count (``nvidia0``, ``renderD128``, ...), not
-    shared control nodes such as ``nvidiactl``. Recorded in checkpoint
-    manifests (slurmbox.migrate.restore.select_checkpoint).
+    shared control nodes such as ``nvidiactl``. ``models``: the gres types
+    Slurm allocated them as (job_gpu_types; empty for untyped gres).
+    Recorded in checkpoint manifests (slurmbox.migrate.restore.select_checkpoint).
     """
     count = sum(1 for d in plan.devices if vendor_of(d.host_path))
-    return {"vendor": plan.vendor, "count": count} if plan.vendor and count else None
+    if not plan.vendor or not count:
+        return None
+    return {"vendor": plan.vendor, "count": count, "models": sorted(set(models))}
 
 
 def expand_hostlist_files(text):
@@ -148,6 +152,18 @@ def job_gpu_indices(scontrol_detail, node):
                 for idx in re.findall(r"gpu[^(]*\(IDX:([0-9,\-]+)\)", token):
                     indices.extend(parse_index_list(idx))
     return sorted(set(indices))
+
+
+def job_gpu_types(scontrol_detail, node):
+    """gres types (sorted list of str, e.g. ["h100"]) of the GPUs slurmctld allocated on ``node``, from
+    ``scontrol -d show job`` text (``GRES=gpu:TYPE:N(IDX:...)``); untyped ``gpu:N(IDX:...)`` gives none."""
+    types, current_nodes = set(), None
+    for token in scontrol_detail.split():
+        if token.startswith("Nodes="):
+            current_nodes = token[len("Nodes="):]
+        elif token.startswith("GRES=") and current_nodes is not None and node in expand_node_list(current_nodes):
+            types.update(re.findall(r"(?:^|[=,])gpu:([A-Za-z][A-Za-z0-9_.-]*):\d+\(IDX:", token))
+    return sorted(types)
 
 
 def expand_node_list(text):

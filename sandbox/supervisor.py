@@ -104,6 +104,7 @@ class Supervisor:
         self.checkpoint_flags = []  # extra runsc checkpoint flags (CUDA state), set by _checkpoint_settings
         self.cuda_checkpoint_source = None  # the node's cuda-checkpoint bound into a GPU sandbox, if any
         self.accelerators = None    # devices.accelerators() of this step's allocation on this node
+        self.gpu_models = []        # gres types of the GPUs Slurm allocated on this node (devices.job_gpu_types)
 
     # -- preparation (once per step) -------------------------------------------------
     def prepare(self, task_env):
@@ -162,6 +163,7 @@ class Supervisor:
         detail = subprocess.run(["scontrol", "-d", "show", "job", str(self.args.job)], capture_output=True,
                                 text=True, env=self._slurm_env(), check=False).stdout
         granted = set(devices.job_gpu_indices(detail, self.args.node))
+        self.gpu_models = devices.job_gpu_types(detail, self.args.node)
         refused = [i for i in claimed_indices if i not in granted]
         if refused:
             raise devices.DeviceError("GPU indices %s are not allocated to job %s on %s"
@@ -218,7 +220,7 @@ class Supervisor:
         and rlimits are read from the kernel, not from the message.
         """
         request, plan, prefix, groups = self.prepare(message["env"])
-        self.accelerators = devices.accelerators(plan)  # recorded in checkpoints; restores must match it
+        self.accelerators = devices.accelerators(plan, self.gpu_models)  # in checkpoints; restores must match
         env = {str(k): str(v) for k, v in dict(message["env"]).items()}
         env.update(plan.env)
         from slurmbox.topology import sandbox_hints  # this node's NCCL topology file, if the site has one

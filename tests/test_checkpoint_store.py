@@ -506,4 +506,15 @@ def test_a_checkpoint_holding_gpu_state_restores_only_with_as_many_gpus(store):
     plan = devices.DevicePlan(vendor="nvidia", devices=[
         devices.Device("/dev/nvidia%s" % n, "/dev/nvidia%s" % n, "c", 195, m)
         for n, m in (("0", 0), ("3", 3), ("ctl", 255), ("-uvm", 511))])
-    assert devices.accelerators(plan) == two and devices.accelerators(devices.DevicePlan()) is None
+    assert devices.accelerators(plan) == dict(two, models=[]) and devices.accelerators(devices.DevicePlan()) is None
+    assert devices.accelerators(plan, ["h100", "h100"])["models"] == ["h100"]
+    # Typed gres on both sides must name the same model; untyped on either side is not judged.
+    pending = store.begin("10", "batch", os.getuid())
+    with open(os.path.join(pending.image_dir, "checkpoint.img"), "wb") as handle:
+        handle.write(b"image")
+    pending.publish({"node": "n1", "accelerators": dict(two, models=["h100"])})
+    selection = select_checkpoint(store, "10", "batch", os.getuid(), accelerators=dict(two, models=["a100"]))
+    assert selection.checkpoint is None and "taken on h100 GPUs, and this run has a100" in selection.skipped[0][1][0]
+    for models in (["h100"], []):
+        assert select_checkpoint(store, "10", "batch", os.getuid(),
+                                 accelerators=dict(two, models=models)).checkpoint is not None

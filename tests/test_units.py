@@ -89,6 +89,15 @@ def test_gres_conf_files_and_scontrol_allocation_parsing():
     assert devices.parse_index_list("0-2,5") == [0, 1, 2, 5]
 
 
+def test_job_gpu_types_are_the_gres_types_allocated_on_the_node():
+    assert devices.job_gpu_types(SCONTROL_DETAIL, "n1") == ["h100"]
+    assert devices.job_gpu_types(SCONTROL_DETAIL, "n9") == []
+    untyped = SCONTROL_DETAIL.replace("gpu:h100:", "gpu:")
+    assert devices.job_gpu_types(untyped, "n1") == [] and devices.job_gpu_indices(untyped, "n1") == [0, 1]
+    mixed = SCONTROL_DETAIL.replace("GRES=gpu:h100:2(IDX:0-1)", "GRES=gpu:h100:1(IDX:0),gpu:a100:1(IDX:1)")
+    assert devices.job_gpu_types(mixed, "n1") == ["a100", "h100"]
+
+
 @pytest.fixture
 def fake_dev(tmp_path):
     if os.geteuid() != 0:
