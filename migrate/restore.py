@@ -155,12 +155,10 @@ def restore_spec(ckpt, new_spec, batch_script=None):
     return spec
 
 
-#: Annotation listing the host paths of the sandbox's devices (slurmbox.sandbox.bundle).
-DEVICES_ANNOTATION = "org.slurmbox.devices"
-
-
 def _devices_of_this_run(spec, new_spec):
     """Replace ``spec``'s devices (changed in place) with ``new_spec``'s: the allocation of this run."""
+    from slurmbox.sandbox.bundle import DEVICES_ANNOTATION
+
     new_linux = new_spec.get("linux") or {}
     linux = spec["linux"] = dict(spec.get("linux") or {})
     linux["devices"] = list(new_linux.get("devices") or [])

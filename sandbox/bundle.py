@@ -12,6 +12,8 @@ import resource
 import stat
 
 #: Host directories hidden (empty tmpfs) when the host root is the image.
+#: OCI annotation listing the host paths of the sandbox's devices (comma-separated).
+DEVICES_ANNOTATION = "org.slurmbox.devices"
 MASKED_HOST_DIRS = ("/root", "/home", "/tmp", "/var/tmp", "/run", "/var/run", "/var/spool", "/var/lib",
                     "/var/log", "/var/mail", "/etc/munge", "/etc/slurm", "/srv", "/mnt", "/media", "/opt",
                     "/work", "/boot", "/lost+found")
@@ -130,7 +132,7 @@ def build_spec(process, request, hostname, bind_dirs, devices, extra_mounts=(), 
                 {"allow": True, "type": d.kind, "major": d.major, "minor": d.minor, "access": "rwm"}
                 for d in devices]},
         },
-        "annotations": {"org.slurmbox.devices": ",".join(d.host_path for d in devices)},
+        "annotations": {DEVICES_ANNOTATION: ",".join(d.host_path for d in devices)},
     }
 
 

@@ -141,28 +141,32 @@ def parse_index_list(text):
     return indices
 
 
-def job_gpu_indices(scontrol_detail, node):
-    """GPU indices slurmctld allocated on ``node``, from ``scontrol -d show job`` text."""
-    indices, current_nodes = [], None
+def _node_gres(scontrol_detail, node):
+    """The ``GRES=...`` tokens of ``scontrol -d show job`` text that belong to ``node`` (each follows its
+    ``Nodes=`` list on the detail line)."""
+    current_nodes = None
     for token in scontrol_detail.split():
         if token.startswith("Nodes="):
             current_nodes = token[len("Nodes="):]
-        elif token.startswith("GRES=") and current_nodes is not None:
-            if node in expand_node_list(current_nodes):
-                for idx in re.findall(r"gpu[^(]*\(IDX:([0-9,\-]+)\)", token):
-                    indices.extend(parse_index_list(idx))
+        elif token.startswith("GRES=") and current_nodes is not None and node in expand_node_list(current_nodes):
+            yield token
+
+
+def job_gpu_indices(scontrol_detail, node):
+    """GPU indices slurmctld allocated on ``node``, from ``scontrol -d show job`` text."""
+    indices = []
+    for token in _node_gres(scontrol_detail, node):
+        for idx in re.findall(r"gpu[^(]*\(IDX:([0-9,\-]+)\)", token):
+            indices.extend(parse_index_list(idx))
     return sorted(set(indices))
 
 
 def job_gpu_types(scontrol_detail, node):
     """gres types (sorted list of str, e.g. ["h100"]) of the GPUs slurmctld allocated on ``node``, from
     ``scontrol -d show job`` text (``GRES=gpu:TYPE:N(IDX:...)``); untyped ``gpu:N(IDX:...)`` gives none."""
-    types, current_nodes = set(), None
-    for token in scontrol_detail.split():
-        if token.startswith("Nodes="):
-            current_nodes = token[len("Nodes="):]
-        elif token.startswith("GRES=") and current_nodes is not None and node in expand_node_list(current_nodes):
-            types.update(re.findall(r"(?:^|[=,])gpu:([A-Za-z][A-Za-z0-9_.-]*):\d+\(IDX:", token))
+    types = set()
+    for token in _node_gres(scontrol_detail, node):
+        types.update(re.findall(r"(?:^|[=,])gpu:([A-Za-z][A-Za-z0-9_.-]*):\d+\(IDX:", token))
     return sorted(types)
 
 
