@@ -1,9 +1,9 @@
 """Map the accelerators Slurm allocated to a step onto sandbox devices.
 
 Only devices of the step's allocation become visible inside: the gres indices
-the task environment claims (``SLURM_STEP_GPUS``/``SLURM_JOB_GPUS``) are
-intersected with the job's allocation as slurmctld records it (``scontrol -d
-show job``: ``GRES=gpu:TYPE:N(IDX:...)`` per node), and indices are mapped to
+slurmstepd sets for the step (``SLURM_STEP_GPUS``) are intersected with the
+job's allocation on this node as slurmctld records it (structured:
+slurmbox.slurm_client.job_facts), and indices are mapped to
 device files through this node's ``gres.conf`` ``File=`` entries
 (gres.conf(5)). Per vendor:
 
@@ -78,7 +78,7 @@ def accelerators(plan, models=()):
 
     Only the per-device files count (``nvidia0``, ``renderD128``, ...), not
     shared control nodes such as ``nvidiactl``. ``models``: the gres types
-    Slurm allocated them as (job_gpu_types; empty for untyped gres).
+    Slurm allocated them as (job_facts.gpu_allocation; empty for untyped gres).
     Recorded in checkpoint manifests (slurmbox.migrate.restore.select_checkpoint).
     """
     count = sum(1 for d in plan.devices if vendor_of(d.host_path))
@@ -139,35 +139,6 @@ def parse_index_list(text):
             raise ValueError("index range %r out of bounds" % part)
         indices.extend(range(low, high + 1))
     return indices
-
-
-def _node_gres(scontrol_detail, node):
-    """The ``GRES=...`` tokens of ``scontrol -d show job`` text that belong to ``node`` (each follows its
-    ``Nodes=`` list on the detail line)."""
-    current_nodes = None
-    for token in scontrol_detail.split():
-        if token.startswith("Nodes="):
-            current_nodes = token[len("Nodes="):]
-        elif token.startswith("GRES=") and current_nodes is not None and node in expand_node_list(current_nodes):
-            yield token
-
-
-def job_gpu_indices(scontrol_detail, node):
-    """GPU indices slurmctld allocated on ``node``, from ``scontrol -d show job`` text."""
-    indices = []
-    for token in _node_gres(scontrol_detail, node):
-        for idx in re.findall(r"gpu[^(]*\(IDX:([0-9,\-]+)\)", token):
-            indices.extend(parse_index_list(idx))
-    return sorted(set(indices))
-
-
-def job_gpu_types(scontrol_detail, node):
-    """gres types (sorted list of str, e.g. ["h100"]) of the GPUs slurmctld allocated on ``node``, from
-    ``scontrol -d show job`` text (``GRES=gpu:TYPE:N(IDX:...)``); untyped ``gpu:N(IDX:...)`` gives none."""
-    types = set()
-    for token in _node_gres(scontrol_detail, node):
-        types.update(re.findall(r"(?:^|[=,])gpu:([A-Za-z][A-Za-z0-9_.-]*):\d+\(IDX:", token))
-    return sorted(types)
 
 
 def expand_node_list(text):

@@ -153,18 +153,35 @@ class Supervisor:
         return request, plan, prefix, groups
 
     def _allocated_device_files(self, task_env):
-        claimed = task_env.get("SLURM_STEP_GPUS") or task_env.get("SLURM_JOB_GPUS")
+        """Host device files of the GPUs this step may use on this node.
+
+        The job's GPUs on this node come from slurmctld as structured data
+        (slurm_client.job_facts: ``squeue --json``), never from text a job
+        name could imitate. The step's share is ``SLURM_STEP_GPUS``, trusted
+        because slurmstepd overwrites it for a step with GPU gres and removes it
+        for one without (a user-set value never survives); ``SLURM_JOB_GPUS``
+        keeps a user-set value in srun steps and is ignored. A claim outside
+        the job's allocation on this node is refused.
+        """
+        from slurmbox.slurm_client import job_facts
+
+        claimed = task_env.get("SLURM_STEP_GPUS")
         if not claimed:
             return []
         try:
             claimed_indices = devices.parse_index_list(claimed)
         except ValueError:
             raise devices.DeviceError("SLURM_STEP_GPUS=%r is not an index list" % claimed)
-        detail = subprocess.run(["scontrol", "-d", "show", "job", str(self.args.job)], capture_output=True,
-                                text=True, env=self._slurm_env(), check=False).stdout
-        granted = set(devices.job_gpu_indices(detail, self.args.node))
-        self.gpu_models = devices.job_gpu_types(detail, self.args.node)
-        refused = [i for i in claimed_indices if i not in granted]
+        try:
+            facts = job_facts.read_job_facts(self.args.job, env=self._slurm_env())
+        except job_facts.SlurmCommandError as err:
+            raise devices.DeviceError("cannot read the GPU allocation of job %s from slurmctld: %s"
+                                      % (self.args.job, err))
+        if facts.user_id != self.args.uid:
+            raise devices.DeviceError("slurmctld records job %s for uid %d, not this step's uid %d"
+                                      % (self.args.job, facts.user_id, self.args.uid))
+        granted, self.gpu_models = job_facts.gpu_allocation(facts, self.args.node)
+        refused = [i for i in claimed_indices if i not in set(granted)]
         if refused:
             raise devices.DeviceError("GPU indices %s are not allocated to job %s on %s"
                                       % (refused, self.args.job, self.args.node))

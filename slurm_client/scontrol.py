@@ -62,11 +62,20 @@ def show(entity, ident=None, env=None, details=False):
 
 
 def show_job(job_id, env=None, details=False):
-    """The job record of ``job_id`` (dict); raises SlurmCommandError when unknown."""
-    records = show("job", job_id, env=env, details=details)
-    if not records:
-        raise SlurmCommandError("scontrol show job %s returned no record" % job_id)
-    return records[0]
+    """The job record of ``job_id`` as a dict with ``scontrol show job`` key names, built from
+    structured facts (slurmbox.slurm_client.job_facts: ``squeue --json``), never from scontrol's text,
+    where a job name or comment can pose as any field. Keys: JobId, JobState, Partition, UserId,
+    GroupId, NodeList (Slurm's hostlist), NumNodes, BatchHost, Restarts, Requeue, BatchFlag ("1"/"0"),
+    PreemptTime ("None" or "set"). ``details`` is accepted for callers of the old interface and ignored.
+    Raises SlurmCommandError when unknown."""
+    from slurmbox.slurm_client.job_facts import read_job_facts  # job_facts imports this module
+
+    facts = read_job_facts(job_id, env=env)
+    return {"JobId": str(facts.job_id), "JobState": facts.state, "Partition": facts.partition,
+            "UserId": str(facts.user_id), "GroupId": str(facts.group_id), "NodeList": facts.hostlist,
+            "NumNodes": str(facts.node_count), "BatchHost": facts.batch_host, "Restarts": str(facts.restart_count),
+            "Requeue": "1" if facts.requeue else "0", "BatchFlag": "1" if facts.batch else "0",
+            "PreemptTime": "set" if facts.preempted else "None"}
 
 
 def show_node(node, env=None):

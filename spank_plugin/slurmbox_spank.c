@@ -208,24 +208,28 @@ static void add_arg(char **argv, int *argc, int max, char *arg)
 /*
  * srun --multi-prog: slurmstepd's step argv is {CONFIG_PATH, CONFIG_TEXT}
  * and each task's real argv is built from CONFIG_TEXT (srun(1) MULTIPLE
- * PROGRAM CONFIGURATION). Recognise CONFIG_TEXT: every non-comment line
- * starts with a task list made of digits, ',', '-' or '*'.
+ * PROGRAM CONFIGURATION). Slurm 22.05 gives the step no other sign of it (no
+ * variable, no SPANK item), so every argv that *could* be such a launch
+ * counts as one: two words, and every line of the second that is not blank
+ * or a comment starts with a task list (digits, ',', '-', '*') followed by
+ * a blank or the end of the line. Trailing newline or not, CRLF or not: a
+ * false positive only refuses a step, a false negative runs it on the host.
  */
 static int looks_like_multi_prog(int argc, char **argv)
 {
-	if (argc != 2 || !strchr(argv[1], '\n'))
+	if (argc != 2)
 		return 0;
 	const char *line = argv[1];
 	while (*line) {
 		const char *end = strchrnul(line, '\n');
 		const char *p = line;
-		while (p < end && (*p == ' ' || *p == '\t'))
+		while (p < end && strchr(" \t\r\v\f", *p))
 			p++;
 		if (p < end && *p != '#') {
 			const char *q = p;
 			while (q < end && (strchr("0123456789,-*", *q)))
 				q++;
-			if (q == p || (q < end && *q != ' ' && *q != '\t'))
+			if (q == p || (q < end && !strchr(" \t\r\v\f", *q)))
 				return 0;
 		}
 		line = *end ? end + 1 : end;
@@ -234,9 +238,13 @@ static int looks_like_multi_prog(int argc, char **argv)
 }
 
 /*
- * The job's partition as slurmctld records it (`scontrol -o show job ID`,
- * token Partition=): the step's own environment comes from the user's srun
- * and may name any partition. Returns 0 and fills buf, or -1.
+ * The job's partition as slurmctld records it, read as single fields
+ * (`squeue -h -j ID -o "%A %P"`: the job id, a space, the partition; both are
+ * set by Slurm or the admin, never by the user). Never search free text such
+ * as `scontrol show job`: job name, comment and paths come first there and may
+ * hold "Partition=..." (spaces and newlines included). The step's own
+ * environment comes from the user's srun and may name any partition.
+ * Returns 0 and fills buf, or -1.
  */
 static int trusted_partition(uint32_t jobid, char *buf, size_t len)
 {
@@ -261,10 +269,10 @@ static int trusted_partition(uint32_t jobid, char *buf, size_t len)
 			dup2(devnull, 0);
 			dup2(devnull, 2);
 		}
-		char *argv[] = {"scontrol", "-o", "show", "job", id, NULL};
+		char *argv[] = {"squeue", "-h", "-j", id, "-o", "%A %P", NULL};
 		char *envp[] = {"PATH=/usr/sbin:/usr/bin:/sbin:/bin", conf_env, NULL};
-		execve("/usr/bin/scontrol", argv, envp);
-		execve("/usr/local/bin/scontrol", argv, envp);
+		execve("/usr/bin/squeue", argv, envp);
+		execve("/usr/local/bin/squeue", argv, envp);
 		_exit(127);
 	}
 	close(pipefd[1]);
@@ -287,12 +295,15 @@ static int trusted_partition(uint32_t jobid, char *buf, size_t len)
 	int status = 0;
 	while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
 		;
-	const char *p = strstr(out, " Partition=");
-	if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || !p)
+	if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
 		return -1;
-	p += strlen(" Partition=");
+	/* Exactly one line "ID PARTITION\n": anything else is refused, not guessed at. */
+	size_t idlen = strlen(id);
+	if (strncmp(out, id, idlen) != 0 || out[idlen] != ' ')
+		return -1;
+	const char *p = out + idlen + 1;
 	size_t n = strcspn(p, " \n");
-	if (n == 0 || n >= len)
+	if (n == 0 || n >= len || p[n] != '\n' || p[n + 1] != '\0')
 		return -1;
 	memcpy(buf, p, n);
 	buf[n] = '\0';

@@ -9,14 +9,6 @@ from slurmbox.sandbox import bundle, devices, options
 from slurmbox.sandbox.launcher import recv_frame, send_frame
 from slurmbox.sandbox.supervisor import decode_status
 
-SCONTROL_DETAIL = """JobId=12 JobName=train
-   UserId=alice(1001) GroupId=alice(1001) MCS_label=N/A
-   NumNodes=2 NumCPUs=4 NumTasks=2 CPUs/Task=1 ReqB:S:C:T=0:0:*:*
-   TRES=cpu=4,mem=4000M,node=2,billing=4,gres/gpu=3
-     Nodes=n1 CPU_IDs=0-1 Mem=2000 GRES=gpu:h100:2(IDX:0-1)
-     Nodes=n2 CPU_IDs=0-1 Mem=2000 GRES=gpu:h100:1(IDX:1)
-   MinCPUsNode=1 MinMemoryNode=0 MinTmpDiskNode=0
-"""
 
 
 def test_parse_mounts_defaults_to_read_write_and_normalises():
@@ -79,23 +71,11 @@ def test_resolve_applies_profiles_and_partition_policy():
     assert options.resolve({"sandbox": "yes", "network": "host"}, policy, "gpu").network == "host"
 
 
-def test_gres_conf_files_and_scontrol_allocation_parsing():
+def test_gres_conf_files_and_index_lists():
     gres = "NodeName=n[1-2] Name=gpu Type=h100 File=/dev/nvidia[0-3]\nNodeName=n3 Name=gpu File=/dev/nvidia0\n"
     assert devices.gres_gpu_files(gres, "n2") == ["/dev/nvidia%d" % i for i in range(4)]
     assert devices.gres_gpu_files(gres, "n3") == ["/dev/nvidia0"]
-    assert devices.job_gpu_indices(SCONTROL_DETAIL, "n1") == [0, 1]
-    assert devices.job_gpu_indices(SCONTROL_DETAIL, "n2") == [1]
-    assert devices.job_gpu_indices(SCONTROL_DETAIL, "n9") == []
     assert devices.parse_index_list("0-2,5") == [0, 1, 2, 5]
-
-
-def test_job_gpu_types_are_the_gres_types_allocated_on_the_node():
-    assert devices.job_gpu_types(SCONTROL_DETAIL, "n1") == ["h100"]
-    assert devices.job_gpu_types(SCONTROL_DETAIL, "n9") == []
-    untyped = SCONTROL_DETAIL.replace("gpu:h100:", "gpu:")
-    assert devices.job_gpu_types(untyped, "n1") == [] and devices.job_gpu_indices(untyped, "n1") == [0, 1]
-    mixed = SCONTROL_DETAIL.replace("GRES=gpu:h100:2(IDX:0-1)", "GRES=gpu:h100:1(IDX:0),gpu:a100:1(IDX:1)")
-    assert devices.job_gpu_types(mixed, "n1") == ["a100", "h100"]
 
 
 @pytest.fixture

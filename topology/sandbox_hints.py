@@ -43,7 +43,7 @@ def _safe(path):
 
 
 def _step_gpus(env):
-    text = env.get("SLURM_STEP_GPUS") or env.get("SLURM_JOB_GPUS") or ""
+    text = env.get("SLURM_STEP_GPUS") or ""  # set by slurmstepd; a user-set SLURM_JOB_GPUS is never used
     try:
         return [int(x) for x in text.split(",") if x.strip()] or None
     except ValueError:
