@@ -13,6 +13,8 @@ connection (so ``srun app > out.txt`` inside the script works), forwarding
 signals and reporting its exit status back. Steps launched this way are
 sandboxed like any other (``SLURMBOX_SANDBOX`` is set in the batch
 environment) unless they say ``--no-sandbox`` where the partition allows it.
+The host srun's argv is rebuilt from an allowlist of options
+(slurmbox.sandbox.srun_allowlist): no prologs, no other job, no other cluster.
 """
 
 import os
@@ -23,8 +25,9 @@ import subprocess
 import threading
 import time
 
-from slurmbox.sandbox.launcher import recv_frame, send_frame
+from slurmbox.sandbox.launcher import EXIT_SANDBOX_FAILED, recv_frame, send_frame
 from slurmbox.sandbox.peer_signals import follow_peer
+from slurmbox.sandbox.srun_allowlist import RefusedOption, host_srun_environment, parse_srun_args
 
 #: Where the broker directory appears inside the batch sandbox.
 BROKER_MOUNT = "/run/slurmbox-broker"
@@ -45,11 +48,14 @@ class StepBroker:
     user); ``uid``/``gid``/``groups``: the job user's identity; ``stdio``:
     (stdin, stdout, stderr) descriptors of the batch step; ``fallback_cwd``:
     the batch step's working directory; ``slurm_conf``: SLURM_CONF of this
-    node; ``job``: the job id srun must act on.
+    node; ``job``: the job id srun must act on; ``partition_requires_sandbox``:
+    refuse ``--no-sandbox``.
     """
 
-    def __init__(self, directory, uid, gid, groups, stdio, fallback_cwd, slurm_conf, job):
+    def __init__(self, directory, uid, gid, groups, stdio, fallback_cwd, slurm_conf, job,
+                 partition_requires_sandbox=True):
         self.directory = directory
+        self.partition_requires_sandbox = bool(partition_requires_sandbox)
         self.job = str(job)
         self.uid, self.gid, self.groups = uid, gid, list(groups)
         self.stdio = stdio
@@ -60,12 +66,12 @@ class StepBroker:
         self.seen = set()
 
     @classmethod
-    def create(cls, step_dir, uid, gid, groups, stdio, fallback_cwd, slurm_conf, job):
+    def create(cls, step_dir, uid, gid, groups, stdio, fallback_cwd, slurm_conf, job, partition_requires_sandbox=True):
         """Make the broker directory under ``step_dir`` (mode 0700, owned by ``uid``)."""
         directory = os.path.join(step_dir, "broker")
         os.makedirs(directory, mode=0o700, exist_ok=True)
         os.chown(directory, uid, gid)
-        return cls(directory, uid, gid, groups, stdio, fallback_cwd, slurm_conf, job)
+        return cls(directory, uid, gid, groups, stdio, fallback_cwd, slurm_conf, job, partition_requires_sandbox)
 
     def start(self):
         """Start scanning for requests in a daemon thread."""
@@ -124,7 +130,12 @@ class StepBroker:
                 os.close(fd)
             if not request or not request.get("argv"):
                 return
-            status = self._run_srun(conn, request)
+            try:
+                checked = parse_srun_args(list(request["argv"])[1:], self.partition_requires_sandbox)
+            except RefusedOption as refused:
+                send_frame(conn, {"error": str(refused), "exit": EXIT_SANDBOX_FAILED})
+                return
+            status = self._run_srun(conn, request, checked)
             send_frame(conn, status)
         except (OSError, ValueError):
             pass
@@ -144,16 +155,17 @@ class StepBroker:
         dropped (the step does not get them either); the job id and Slurm
         configuration are this job's, whatever the sandbox says.
         """
-        env = {str(k): str(v) for k, v in dict(requested).items()
-               if not str(k).startswith(DROPPED_PREFIXES) and str(k) not in DROPPED_VARIABLES}
+        env = {k: v for k, v in host_srun_environment(requested).items()
+               if not k.startswith(DROPPED_PREFIXES) and k not in DROPPED_VARIABLES}
         env.update({"SLURM_CONF": self.slurm_conf, "SLURM_JOB_ID": self.job, "SLURM_JOBID": self.job})
         return env
 
-    def _run_srun(self, conn, request):
+    def _run_srun(self, conn, request, checked):
+        """Run ``checked`` (srun_allowlist.SrunRequest) as the job's user; returns its status frame."""
         cwd = str(request.get("cwd") or self.fallback_cwd)
         # env(1) changes directory after the switch to the job's user, so the
         # kernel checks the user's own access (Popen's cwd= would chdir as root).
-        argv = ["/usr/bin/env", "--chdir=%s" % cwd, self.srun] + [str(a) for a in request["argv"][1:]]
+        argv = ["/usr/bin/env", "--chdir=%s" % cwd] + checked.argv(self.srun)
         proc = subprocess.Popen(argv, env=self._environment(request.get("env", {})), stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, user=self.uid, group=self.gid,
                                 extra_groups=self.groups, start_new_session=True, close_fds=True, cwd="/")

@@ -371,8 +371,9 @@ class Supervisor:
         script = self.args.batch_script  # from slurmstepd via the shim, not from the launcher
         if not script or not os.path.isfile(script):
             raise StepFailure("the batch script of job %s was not found on this node" % self.args.job)
+        requires = self.args.partition_requires_sandbox or self.policy.partition(self.args.partition).sandbox == "required"
         broker = StepBroker.create(self.args.step_dir, self.args.uid, self.args.gid, groups, fds, task_cwd,
-                                   self.args.slurm_conf, self.args.job)
+                                   self.args.slurm_conf, self.args.job, requires)
         broker.start()
         self.brokers.append(broker)
         install_root = os.path.dirname(sys.prefix)  # <prefix>/venv -> <prefix>: launcher and its python

@@ -248,3 +248,46 @@ def test_launcher_leaves_as_the_sandboxed_process_left(result, expected):
     import sys
     code = "from slurmbox.sandbox.launcher import _exit_like; _exit_like(%r)" % (result,)
     assert subprocess.run([sys.executable, "-c", code], timeout=30).returncode == expected
+
+
+# -- the step broker's srun allowlist (slurmbox.sandbox.srun_allowlist) ----------------------------------------
+
+from slurmbox.sandbox import srun_allowlist  # noqa: E402
+
+
+@pytest.mark.parametrize("args", [
+    ["--prolog=/bin/sh", "true"], ["--prolog", "/bin/sh", "true"], ["--epilog=x", "true"],
+    ["--task-prolog=x", "true"], ["--task-epilog", "x", "true"], ["--jobid=7", "--overlap", "true"],
+    ["--jobi=7", "true"], ["--job=7", "true"], ["--container=/b", "true"], ["--bcast=/tmp/x", "true"],
+    ["-M", "other", "true"], ["--clusters=other", "true"], ["-p", "ondemand", "true"], ["--uid=0", "true"],
+    ["-lZ", "true"], ["--het-group=1", "true"], ["--pro=/bin/sh", "true"], ["--sandbox-mount=/a:/b", "true"],
+])
+def test_broker_refuses_options_outside_the_allowlist_naming_them(args):
+    with pytest.raises(srun_allowlist.RefusedOption, match="srun option"):
+        srun_allowlist.parse_srun_args(args, partition_requires_sandbox=False)
+
+
+def test_broker_rebuilds_srun_from_allowed_options_with_the_command_after_a_double_dash():
+    checked = srun_allowlist.parse_srun_args(["-n4", "-N", "2", "-lu", "--overlap", "--export=ALL,A=b", "-K",
+                                              "app", "--prolog=/bin/sh"], False)
+    assert checked.argv("/usr/bin/srun") == ["/usr/bin/srun", "--ntasks=4", "--nodes=2", "--label", "--unbuffered",
+                                            "--overlap", "--export=ALL,A=b", "--kill-on-bad-exit", "--", "app",
+                                            "--prolog=/bin/sh"]
+    assert srun_allowlist.parse_srun_args(["--", "-x"], False).command == ("-x",)
+
+
+def test_broker_refuses_no_sandbox_only_where_the_partition_requires_it():
+    with pytest.raises(srun_allowlist.RefusedOption, match="requires sandboxing"):
+        srun_allowlist.parse_srun_args(["--no-sandbox", "true"], True)
+    assert srun_allowlist.parse_srun_args(["--no-sandbox", "true"], False).options == (("no-sandbox", None),)
+    for bad in (["--overlap=1", "true"], ["-n"], ["--ntasks"], []):
+        with pytest.raises(srun_allowlist.RefusedOption):
+            srun_allowlist.parse_srun_args(bad, False)
+
+
+def test_broker_environment_drops_srun_inputs_that_stand_for_refused_options():
+    env = srun_allowlist.host_srun_environment({
+        "SLURM_TASK_PROLOG": "/x", "SLURM_PROLOG": "/x", "SLURM_CONTAINER": "/b", "SLURM_CLUSTERS": "c",
+        "SLURM_SPANK_slurmbox_no_sandbox": "1", "_SLURM_SPANK_OPTION_slurmbox_no-sandbox": "", "SLURM_JOB_ID": "9",
+        "SLURM_NTASKS": "4", "HOME": "/home/u"})
+    assert env == {"SLURM_NTASKS": "4", "HOME": "/home/u"}
