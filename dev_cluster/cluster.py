@@ -317,7 +317,7 @@ partitions:
   secure:
     sandbox: required
     default_profile: strict
-    allowed_profiles: [strict, default]
+    allowed_profiles: [strict]
 """
         python = os.path.join(self.prefix, "venv", "bin", "python3")
         launcher = os.path.join(self.prefix, "libexec", "slurmbox-launch")

@@ -183,6 +183,39 @@ def apply_step_cgroup(spec, job, step, node, runtime_dir, create=True):
     return None
 
 
+def mount_point_problem(root, destination, source_is_dir):
+    """Why bind destination ``destination`` cannot be used in sandbox root ``root``, or None.
+
+    runsc's gofer runs as root and creates a missing bind destination on the
+    root file system it serves: with the host root as image that is the
+    node's own ``/`` (``/etc/probe``, ``/x/sub/deeper`` were left behind), and
+    with a custom image the user's image directory. So a destination must
+    already exist in ``root`` as the same kind of file as the source (a
+    directory for a directory), reached without any symlink: then runsc
+    creates nothing. ``root``: host path of the sandbox root; ``destination``:
+    absolute, normalised.
+    """
+    current = root.rstrip("/") or "/"
+    parts = [p for p in destination.split("/") if p]
+    for index, part in enumerate(parts):
+        current = os.path.join(current, part)
+        try:
+            info = os.lstat(current)
+        except OSError:
+            return ("%s does not exist in the sandbox's root file system, and slurmbox never creates mount points "
+                    "on the node; mount at an existing %s (e.g. /mnt)%s"
+                    % ("/" + "/".join(parts[:index + 1]), "directory" if source_is_dir else "file",
+                       "" if root == "/" else " or create it in the image"))
+        if stat.S_ISLNK(info.st_mode):
+            return ("%s is a symbolic link in the sandbox's root file system; give the path it points to"
+                    % ("/" + "/".join(parts[:index + 1])))
+    if source_is_dir != stat.S_ISDIR(info.st_mode):
+        return "%s is %s in the sandbox's root file system, but the source is %s" % (
+            destination, "a directory" if stat.S_ISDIR(info.st_mode) else "not a directory",
+            "a directory" if source_is_dir else "not a directory")
+    return None
+
+
 def path_reachable(path, uid, gids, write=False):
     """True when ``uid`` (with groups ``gids``) may reach ``path`` by the mode bits.
 

@@ -141,6 +141,9 @@ class Supervisor:
                 raise options.OptionError("mounts", "%s:%s" % (mount.source, mount.destination),
                                           "the job's user may not %s %s on this node"
                                           % ("read" if mount.read_only else "write", mount.source))
+            problem = bundle.mount_point_problem(request.image or "/", mount.destination, os.path.isdir(mount.source))
+            if problem:
+                raise options.OptionError("mounts", "%s:%s" % (mount.source, mount.destination), problem)
         profile = policy.profiles[request.profile]
         self.profile = profile
         runsc_path = runsc.find_runsc()

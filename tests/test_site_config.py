@@ -347,3 +347,26 @@ def test_mutating_one_key_of_a_valid_site_never_crashes(data):
     key = data.draw(_KEYS)
     document[section][name][key] = data.draw(_SCALARS)
     _loads_or_config_error(yaml.safe_dump(document))
+
+
+def test_required_partitions_of_the_examples_and_dev_cluster_allow_only_network_none_profiles():
+    """Red team: the dev cluster's `secure` allowed `default` (host network). A required partition's
+    profiles must keep steps off every network (issue: profile overrides on required partitions)."""
+    import glob
+    import re
+
+    from slurmbox.dev_cluster import cluster as dev_cluster_module
+
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    text = open(dev_cluster_module.__file__).read()
+    dev_site = re.search(r'site = f"""(.*?)"""', text, re.S).group(1).replace("{d}", "/tmp/x").replace(
+        "{self.subnet}", "1")
+    sources = [open(p).read() for p in sorted(glob.glob(os.path.join(here, "site-configs", "*.yaml")))] + [dev_site]
+    assert len(sources) >= 5
+    for source in sources:
+        site = load_site(source)
+        for name, part in site.partitions.items():
+            if part.sandbox != "required":
+                continue
+            for profile in part.allowed_profiles or sorted(site.profiles):
+                assert set(site.profiles[profile].allowed_networks) == {"none"}, (name, profile)

@@ -291,3 +291,19 @@ def test_broker_environment_drops_srun_inputs_that_stand_for_refused_options():
         "SLURM_SPANK_slurmbox_no_sandbox": "1", "_SLURM_SPANK_OPTION_slurmbox_no-sandbox": "", "SLURM_JOB_ID": "9",
         "SLURM_NTASKS": "4", "HOME": "/home/u"})
     assert env == {"SLURM_NTASKS": "4", "HOME": "/home/u"}
+
+
+def test_bind_destinations_must_exist_in_the_root_as_the_same_kind_without_symlinks(tmp_path):
+    root = tmp_path / "image"
+    (root / "mnt").mkdir(parents=True)
+    (root / "etc").mkdir()
+    (root / "etc" / "hosts").write_text("")
+    (root / "lib").symlink_to("usr/lib")
+    assert bundle.mount_point_problem(str(root), "/mnt", True) is None
+    assert bundle.mount_point_problem(str(root), "/etc/hosts", False) is None
+    assert "does not exist" in bundle.mount_point_problem(str(root), "/etc/probe", False)
+    assert "/x does not exist" in bundle.mount_point_problem(str(root), "/x/sub/deeper", True)
+    assert "symbolic link" in bundle.mount_point_problem(str(root), "/lib/x", True)
+    assert "the source is a directory" in bundle.mount_point_problem(str(root), "/etc/hosts", True)
+    assert "the source is not a directory" in bundle.mount_point_problem(str(root), "/mnt", False)
+    assert bundle.mount_point_problem("/", "/etc/slurmbox-never-created-%d" % os.getpid(), False) is not None
