@@ -92,3 +92,108 @@ def test_no_sandbox_is_refused_for_a_step_joining_a_job_on_a_required_partition(
         assert not os.path.exists(marker)
     finally:
         cluster.run(["scancel", job])
+
+
+# -- red team classes (issue: close the ways out of a required sandbox) ----------------------------------------
+
+import pytest  # noqa: E402
+
+#: Job names and comments that pose as other fields of `scontrol show job` (spaces, newlines, '=', non-ASCII).
+HOSTILE_TEXT = ["x Partition=ondemand", "x\nPartition=ondemand", "Partition=ondemand", "é Partition=ondemand é",
+                "a=b Partition=ondemand Nodes=n2 GRES=gpu:h100:2(IDX:0-1)", " Partition=ondemand\n JobState=X"]
+
+
+@pytest.mark.parametrize("field", ["-J", "--comment"])
+@pytest.mark.parametrize("text", HOSTILE_TEXT)
+def test_user_set_text_never_moves_a_step_off_a_required_partition(cluster, workdir, field, text):
+    """The kernel release inside gVisor is 4.4.0; on the node it is the host's."""
+    host_release = os.uname().release
+    escaped = cluster.srun("-p", "secure", field, text, "--no-sandbox", "uname", "-r", cwd=workdir)
+    assert escaped.returncode != 0 and host_release not in escaped.stdout
+    assert "requires sandboxing" in escaped.stderr
+    inside = cluster.srun("-p", "secure", field, text, "uname", "-r", cwd=workdir)
+    assert inside.returncode == 0, inside.stderr
+    assert inside.stdout.strip() != host_release and inside.stdout.strip()
+    loosened = cluster.srun("-p", "secure", field, text, "--sandbox-network=host", "true", cwd=workdir)
+    assert loosened.returncode != 0 and "--sandbox-network" in loosened.stderr
+
+
+@pytest.mark.parametrize("env, name", [
+    ({"SLURM_JOB_GPUS": "0"}, "x Nodes=n2 GRES=gpu:h100:2(IDX:0-1)"),
+    ({"SLURM_STEP_GPUS": "0,1"}, "x\nNodes=n2 GRES=gpu:h100:2(IDX:0-1)"),
+    ({"SLURM_JOB_GPUS": "0-1", "SLURM_STEP_GPUS": "1"}, "Nodes=n[1-2] GRES=gpu:h100:2(IDX:0-1)"),
+])
+def test_a_job_without_gpus_gets_no_gpu_whatever_its_name_and_environment_claim(cluster, workdir, env, name):
+    result = cluster.srun("-w", "n2", "-J", name, "--sandbox-dry-run", "true", cwd=workdir, env=env)
+    assert result.returncode == 0, result.stderr
+    assert "nvidia" not in result.stdout
+
+
+def test_a_forged_index_beyond_the_steps_gpus_is_not_granted(cluster, workdir):
+    result = cluster.srun("-w", "n2", "--gres=gpu:1", "-J", "x GRES=gpu:h100:2(IDX:0-1)", "--sandbox-dry-run",
+                          "sh", cwd=workdir, env={"SLURM_JOB_GPUS": "0,1"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count('"/dev/nvidia') == 2  # nvidiactl and the one allocated GPU
+
+
+BROKER_SCRIPT = """#!/bin/sh
+for opts in "--prolog=/bin/sh $PWD/pro.sh" "--task-prolog=$PWD/pro.sh" "--epilog=$PWD/pro.sh" \\
+            "--jobid=1 --overlap --no-sandbox" "--jobi=1" "--container=$PWD" "--bcast=/tmp/b" "-M other" \\
+            "--no-sandbox" "--pro=$PWD/pro.sh"; do
+    srun $opts touch $PWD/escaped-option 2>>$PWD/refusals; echo "rc=$?" >> $PWD/codes
+done
+SLURM_TASK_PROLOG=$PWD/pro.sh SLURM_PROLOG=$PWD/pro.sh srun -n1 true; echo "env rc=$?" >> $PWD/codes
+"""
+
+
+def test_the_step_broker_refuses_every_option_outside_its_allowlist(cluster, workdir):
+    with open(os.path.join(workdir, "pro.sh"), "w") as handle:
+        handle.write("#!/bin/sh\ntouch %s/escaped-prolog\n" % workdir)
+    script = os.path.join(workdir, "job.sh")
+    with open(script, "w") as handle:
+        handle.write(BROKER_SCRIPT)
+    for path in (script, os.path.join(workdir, "pro.sh")):
+        os.chmod(path, 0o755)
+    os.chmod(workdir, 0o777)
+    result = cluster.run(["sbatch", "--parsable", "--wait", "-p", "secure", "-o", os.path.join(workdir, "out"),
+                          script], cwd=workdir, timeout=300)
+    assert result.returncode == 0, result.stderr
+    codes = open(os.path.join(workdir, "codes")).read().split("\n")
+    assert codes[:10] == ["rc=125"] * 10, codes
+    assert codes[10] == "env rc=0", codes
+    refusals = open(os.path.join(workdir, "refusals")).read()
+    for option in ("--prolog", "--task-prolog", "--epilog", "--jobid", "--jobi", "--container", "--bcast", "-M",
+                   "--pro"):
+        assert "srun option %s " % option in refusals
+    assert "requires sandboxing" in refusals
+    assert not [p for p in os.listdir(workdir) if p.startswith("escaped")]
+
+
+@pytest.mark.parametrize("config", ["0 uname -r", "0 uname -r\n", "0\tuname -r", "0-0 uname -r\r\n",
+                                    "# c\n\n  * uname -r", "0,0 uname -r\n# end"])
+def test_multi_prog_on_a_required_partition_is_refused_in_every_shape(cluster, workdir, config):
+    path = os.path.join(workdir, "mp.conf")
+    with open(path, "w") as handle:
+        handle.write(config)
+    result = cluster.srun("-p", "secure", "--multi-prog", path, cwd=workdir)
+    assert result.returncode != 0
+    assert os.uname().release not in result.stdout
+    assert "--multi-prog" in result.stderr
+
+
+@pytest.mark.parametrize("destination", ["/etc/slurmbox-probe", "/slurmbox-probe/sub/deeper", "/usr/slurmbox-probe",
+                                         "/var/slurmbox-probe"])
+def test_mounts_never_create_paths_on_the_node(cluster, workdir, destination):
+    before_root, before_etc = sorted(os.listdir("/")), sorted(os.listdir("/etc"))
+    result = cluster.srun("--sandbox", "--sandbox-mounts=%s:%s:ro" % (workdir, destination), "true", cwd=workdir)
+    assert result.returncode != 0 and "does not exist" in result.stderr
+    assert not os.path.lexists(destination) and not os.path.lexists("/slurmbox-probe")
+    assert sorted(os.listdir("/")) == before_root and sorted(os.listdir("/etc")) == before_etc
+
+
+def test_a_mount_at_an_existing_directory_works(cluster, workdir):
+    with open(os.path.join(workdir, "data.txt"), "w") as handle:
+        handle.write("payload\n")
+    result = cluster.srun("--sandbox", "--sandbox-mounts=%s:/mnt:ro" % workdir, "cat", "/mnt/data.txt", cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "payload\n"
