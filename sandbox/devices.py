@@ -20,6 +20,8 @@ import re
 import stat
 from dataclasses import dataclass, field
 
+from slurmbox.slurm_client.job_facts import MAX_INDEX, parse_index_list  # noqa: F401 (re-exported)
+
 _VENDOR_PATTERNS = (
     ("nvidia", re.compile(r"^nvidia\d+$")),
     ("amd", re.compile(r"^renderD\d+$")),
@@ -126,19 +128,7 @@ def gres_gpu_files(gres_conf_text, node):
 
 
 #: More device indices than any node has; bounds what untrusted text may ask for.
-MAX_DEVICE_INDEX = 1024
-
-
-def parse_index_list(text):
-    """``"0-2,5"`` -> [0, 1, 2, 5]. Raises ValueError on anything else or indices >= MAX_DEVICE_INDEX."""
-    indices = []
-    for part in filter(None, text.split(",")):
-        low, _, high = part.partition("-")
-        low, high = int(low), int(high or low)
-        if not 0 <= low <= high < MAX_DEVICE_INDEX:
-            raise ValueError("index range %r out of bounds" % part)
-        indices.extend(range(low, high + 1))
-    return indices
+MAX_DEVICE_INDEX = MAX_INDEX
 
 
 def expand_node_list(text):

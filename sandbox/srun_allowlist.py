@@ -95,6 +95,11 @@ REFUSED_INPUT_VARIABLES = (
 )
 #: Prefixes of variables that set SPANK options (plugstack) from the environment, or that slurmbox owns.
 REFUSED_INPUT_PREFIXES = ("SLURM_SPANK_", "_SLURM_SPANK_", "SLURMBOX_", "SLURM_HET_")
+#: Except slurmbox's own options of the job (``#SBATCH --sandbox...``), which Slurm hands every step of the
+#: job as job SPANK environment (seen on 22.05: ``SLURM_SPANK__SLURM_SPANK_OPTION_slurmbox_sandbox=(null)``);
+#: the step's supervisor checks them like command-line options (``--no-sandbox`` stays refused on required
+#: partitions there).
+KEPT_SPANK_PREFIX = "SLURM_SPANK__SLURM_SPANK_OPTION_slurmbox_"
 
 
 class RefusedOption(ValueError):
@@ -184,4 +189,5 @@ def host_srun_environment(requested):
     """The variables of ``requested`` (dict) that may reach the host srun: without REFUSED_INPUT_VARIABLES
     and REFUSED_INPUT_PREFIXES (the caller adds this job's SLURM_JOB_ID and SLURM_CONF)."""
     return {str(k): str(v) for k, v in dict(requested).items()
-            if str(k) not in REFUSED_INPUT_VARIABLES and not str(k).startswith(REFUSED_INPUT_PREFIXES)}
+            if str(k) not in REFUSED_INPUT_VARIABLES
+            and (str(k).startswith(KEPT_SPANK_PREFIX) or not str(k).startswith(REFUSED_INPUT_PREFIXES))}

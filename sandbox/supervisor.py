@@ -141,6 +141,16 @@ class Supervisor:
                 raise options.OptionError("mounts", "%s:%s" % (mount.source, mount.destination),
                                           "the job's user may not %s %s on this node"
                                           % ("read" if mount.read_only else "write", mount.source))
+            device_dirs = self._device_directories()
+            if os.path.realpath(mount.source) in device_dirs or any(
+                    d.startswith(os.path.realpath(mount.source).rstrip("/") + "/") for d in device_dirs):
+                raise options.OptionError("mounts", "%s:%s" % (mount.source, mount.destination),
+                                          "the source holds this node's accelerator device files (gres.conf); "
+                                          "devices come only from the step's allocation")
+            if not os.path.isdir(mount.source) and not os.path.isfile(mount.source):
+                raise options.OptionError("mounts", "%s:%s" % (mount.source, mount.destination),
+                                          "the source is neither a directory nor a regular file (device nodes, "
+                                          "sockets and pipes cannot be mounted)")
             problem = bundle.mount_point_problem(request.image or "/", mount.destination, os.path.isdir(mount.source))
             if problem:
                 raise options.OptionError("mounts", "%s:%s" % (mount.source, mount.destination), problem)
@@ -196,6 +206,16 @@ class Supervisor:
         except IndexError:
             raise devices.DeviceError("gres.conf at %s lists %d GPU files for %s, fewer than index %d"
                                       % (gres_path, len(files), self.args.node, max(claimed_indices)))
+
+    def _device_directories(self):
+        """Real paths of the directories holding this node's gres.conf device files (set of str); a mount
+        of one of them, or of a directory above one, would hand the sandbox every GPU of the node."""
+        try:
+            with open(os.path.join(os.path.dirname(self.args.slurm_conf), "gres.conf")) as handle:
+                files = devices.gres_gpu_files(handle.read(), self.args.node)
+        except OSError:
+            return set()
+        return {os.path.realpath(os.path.dirname(f)) for f in files}
 
     def _slurm_env(self):
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}

@@ -161,13 +161,24 @@ def gpu_allocation(facts, node):
 MAX_INDEX = 1024
 
 
-def _indices(text):
-    """``"0-2,5"`` -> {0, 1, 2, 5}; raises SlurmCommandError on ranges past MAX_INDEX."""
-    found = set()
+def parse_index_list(text):
+    """``"0-2,5"`` -> [0, 1, 2, 5] (Slurm's index-list syntax, as in ``IDX:`` and ``SLURM_STEP_GPUS``).
+
+    Raises ValueError on anything else or indices >= MAX_INDEX.
+    """
+    indices = []
     for part in filter(None, text.split(",")):
         low, _, high = part.partition("-")
         low, high = int(low), int(high or low)
         if not 0 <= low <= high < MAX_INDEX:
-            raise SlurmCommandError("GRES index range %r out of bounds" % part)
-        found.update(range(low, high + 1))
-    return found
+            raise ValueError("index range %r out of bounds" % part)
+        indices.extend(range(low, high + 1))
+    return indices
+
+
+def _indices(text):
+    """Index set of a ``gres_detail`` ``IDX:`` list; raises SlurmCommandError when out of bounds."""
+    try:
+        return set(parse_index_list(text))
+    except ValueError as err:
+        raise SlurmCommandError("GRES %s" % err) from err

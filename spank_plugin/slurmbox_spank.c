@@ -211,8 +211,8 @@ static void add_arg(char **argv, int *argc, int max, char *arg)
  * PROGRAM CONFIGURATION). Slurm 22.05 gives the step no other sign of it (no
  * variable, no SPANK item), so every argv that *could* be such a launch
  * counts as one: two words, and every line of the second that is not blank
- * or a comment starts with a task list (digits, ',', '-', '*') followed by
- * a blank or the end of the line. Trailing newline or not, CRLF or not: a
+ * or a comment starts with a task list (digits, ',', '-', '*'), blanks and
+ * a program (srun refuses a line without one). Trailing newline or not, CRLF or not: a
  * false positive only refuses a step, a false negative runs it on the host.
  */
 static int looks_like_multi_prog(int argc, char **argv)
@@ -229,7 +229,12 @@ static int looks_like_multi_prog(int argc, char **argv)
 			const char *q = p;
 			while (q < end && (strchr("0123456789,-*", *q)))
 				q++;
-			if (q == p || (q < end && !strchr(" \t\r\v\f", *q)))
+			/* srun requires a program after the task list: "sleep 300" is not a configuration. */
+			if (q == p || q == end || !strchr(" \t\r\v\f", *q))
+				return 0;
+			while (q < end && strchr(" \t\r\v\f", *q))
+				q++;
+			if (q == end)
 				return 0;
 		}
 		line = *end ? end + 1 : end;

@@ -197,3 +197,18 @@ def test_a_mount_at_an_existing_directory_works(cluster, workdir):
     result = cluster.srun("--sandbox", "--sandbox-mounts=%s:/mnt:ro" % workdir, "cat", "/mnt/data.txt", cwd=workdir)
     assert result.returncode == 0, result.stderr
     assert result.stdout == "payload\n"
+
+
+def test_device_directories_and_device_nodes_are_refused_as_mount_sources(cluster, workdir):
+    devdir = os.path.join(cluster.dev.dir, "dev")
+    for source in (devdir, cluster.dev.dir, os.path.join(devdir, "nvidia0")):
+        result = cluster.srun("--sandbox", "--sandbox-mounts=%s:/mnt:ro" % source, "true", cwd=workdir)
+        assert result.returncode != 0, source
+        assert "--sandbox-mounts" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("argv", [["echo", "300"], ["echo", "0-1"], ["echo", "*"]])
+def test_two_word_commands_that_are_not_multi_prog_configurations_still_run(cluster, workdir, argv):
+    result = cluster.srun("-p", "secure", *argv, cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == argv[1] + "\n"

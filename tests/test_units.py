@@ -289,8 +289,9 @@ def test_broker_environment_drops_srun_inputs_that_stand_for_refused_options():
     env = srun_allowlist.host_srun_environment({
         "SLURM_TASK_PROLOG": "/x", "SLURM_PROLOG": "/x", "SLURM_CONTAINER": "/b", "SLURM_CLUSTERS": "c",
         "SLURM_SPANK_slurmbox_no_sandbox": "1", "_SLURM_SPANK_OPTION_slurmbox_no-sandbox": "", "SLURM_JOB_ID": "9",
-        "SLURM_NTASKS": "4", "HOME": "/home/u"})
-    assert env == {"SLURM_NTASKS": "4", "HOME": "/home/u"}
+        "SLURM_NTASKS": "4", "HOME": "/home/u", "SLURM_SPANK__SLURM_SPANK_OPTION_slurmbox_sandbox": "(null)",
+        "SLURM_SPANK__SLURM_SPANK_OPTION_other_x": "1"})
+    assert env == {"SLURM_NTASKS": "4", "HOME": "/home/u", "SLURM_SPANK__SLURM_SPANK_OPTION_slurmbox_sandbox": "(null)"}
 
 
 def test_bind_destinations_must_exist_in_the_root_as_the_same_kind_without_symlinks(tmp_path):
