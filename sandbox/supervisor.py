@@ -136,14 +136,14 @@ class Supervisor:
         all_gids = [gid] + groups
         if request.image and not bundle.path_reachable(request.image, uid, all_gids):
             raise options.OptionError("image", request.image, "the job's user cannot read this directory")
+        device_dirs = self._device_directories() if request.mounts else set()
         for mount in request.mounts:
             if not bundle.path_reachable(mount.source, uid, all_gids, write=not mount.read_only):
                 raise options.OptionError("mounts", "%s:%s" % (mount.source, mount.destination),
                                           "the job's user may not %s %s on this node"
                                           % ("read" if mount.read_only else "write", mount.source))
-            device_dirs = self._device_directories()
-            if os.path.realpath(mount.source) in device_dirs or any(
-                    d.startswith(os.path.realpath(mount.source).rstrip("/") + "/") for d in device_dirs):
+            # mount.source is already its real path (options.resolve)
+            if mount.source in device_dirs or any(d.startswith(mount.source.rstrip("/") + "/") for d in device_dirs):
                 raise options.OptionError("mounts", "%s:%s" % (mount.source, mount.destination),
                                           "the source holds this node's accelerator device files (gres.conf); "
                                           "devices come only from the step's allocation")
@@ -194,7 +194,8 @@ class Supervisor:
             raise devices.DeviceError("slurmctld records job %s for uid %d, not this step's uid %d"
                                       % (self.args.job, facts.user_id, self.args.uid))
         granted, self.gpu_models = job_facts.gpu_allocation(facts, self.args.node)
-        refused = [i for i in claimed_indices if i not in set(granted)]
+        granted_set = set(granted)
+        refused = [i for i in claimed_indices if i not in granted_set]
         if refused:
             raise devices.DeviceError("GPU indices %s are not allocated to job %s on %s"
                                       % (refused, self.args.job, self.args.node))
