@@ -111,6 +111,7 @@ class _Candidate:
         self.proc = None
         self.conn = None
         self.drains = []
+        self.stopped = False
         self.cgroups_path = "/%s/%s" % (isolation.PARENT, self.id)
 
     def _stage(self):
@@ -225,9 +226,12 @@ class _Candidate:
             drain.join(timeout=5)
 
     def stop(self):
-        """Tear the candidate down (its kind's ``_stop``) with SIGTERM held back, so never halfway."""
+        """Tear the candidate down (its kind's ``_stop``) with SIGTERM held back, so never halfway.
+        A second call does nothing."""
         with _TeardownGuard():
-            self._stop()
+            if not self.stopped:
+                self._stop()
+                self.stopped = True
 
     def __enter__(self):
         self.start()

@@ -339,8 +339,24 @@ def measure_candidate(task, reference, candidate_path, label, options, fingerpri
     seed = options.seed if options.seed is not None else secrets.randbits(128)
     root = np.random.SeedSequence(seed)
     rng_inputs, rng_schedule, rng_shapes = (np.random.default_rng(s) for s in root.spawn(3))
+    candidate = None
+    try:
+        candidate = _make_candidate(options, candidate_path, label)
+        return _sample_candidate(task, reference, candidate, candidate_path, label, options, fingerprint,
+                                 overhead_ns, seed, started, (rng_inputs, rng_schedule, rng_shapes))
+    finally:
+        # Idempotent; here so a SIGTERM (SystemExit) between any two statements below still
+        # tears the sandbox down.
+        if candidate is not None:
+            candidate.stop()
+
+
+def _sample_candidate(task, reference, candidate, candidate_path, label, options, fingerprint, overhead_ns,
+                      seed, started, rngs):
+    """measure_candidate once ``candidate`` exists (``rngs``: inputs, schedule and shapes
+    generators); the caller always stops the candidate."""
+    rng_inputs, rng_schedule, rng_shapes = rngs
     rule = options.rule
-    candidate = _make_candidate(options, candidate_path, label)
     flags, rows, stdout, stderr, converged = [], [], "", "", False
     throttle_histogram = {}
     config = {}

@@ -522,3 +522,44 @@ def test_stale_candidate_cgroups_are_removed_and_live_ones_kept():
         isolation.remove_cgroup(stale)
         isolation.remove_cgroup(live)
     assert not os.path.exists(base + live)
+
+
+class _CountingCandidate:
+    """Stands in for a started sandbox: counts teardowns; its ``config`` read is where a
+    termination lands (the statement right after start() returns)."""
+
+    def __init__(self):
+        self.stops = 0
+        self.cgroups_path = None
+
+    def start(self):
+        pass
+
+    @property
+    def config(self):
+        raise SystemExit(143)  # what campaign.exit_on_sigterm raises on SIGTERM
+
+    def stop(self):
+        self.stops += 1
+
+
+def test_a_termination_right_after_the_sandbox_started_still_tears_it_down(monkeypatch, tmp_path):
+    candidate = _CountingCandidate()
+    monkeypatch.setattr(harness, "_make_candidate", lambda options, path, label: candidate)
+    path = tmp_path / "c.py"
+    path.write_text("pass\n")
+    with pytest.raises(SystemExit):
+        harness.measure_candidate(None, None, str(path), "c", harness.MeasureOptions())
+    assert candidate.stops >= 1
+
+
+def test_stopping_a_candidate_twice_tears_it_down_once(tmp_path, monkeypatch):
+    from slurmbox.measure import candidate_sandbox
+    path = tmp_path / "c.py"
+    path.write_text("pass\n")
+    candidate = candidate_sandbox.BareCandidate(str(path), "c")
+    calls = []
+    monkeypatch.setattr(candidate, "_stop", lambda: calls.append(1))
+    candidate.stop()
+    candidate.stop()
+    assert calls == [1]
