@@ -4,12 +4,13 @@ The OCI bundle (built with slurmbox.sandbox.bundle) has: the host root
 read-only with private host areas masked, a private /tmp, no network
 (runsc ``--network=none`` in a new network namespace), its own pid/ipc/uts
 namespaces, the candidate running as an unprivileged uid (default nobody)
-with no capabilities and no_new_privs, and exactly three binds:
+with no capabilities and no_new_privs, and exactly these binds:
 
-- ``/candidate`` (read-only): the candidate file, runner.py and protocol.py;
-- ``/channel`` (read-write, owned by the candidate uid): where the runner
-  creates the result socket (runsc ``--host-uds=create``: the sandbox may
-  create host sockets but never connect to one);
+- ``/mnt`` (``SANDBOX_MOUNT``) holding ``code/`` (root's, read-only to the
+  candidate: the candidate file, runner.py and protocol.py) and ``channel/``
+  (owned by the candidate uid): where the runner creates the result socket
+  (runsc ``--host-uds=create``: the sandbox may create host sockets but never
+  connect to one);
 - the Python environment the runner needs (read-only), when it is outside
   the host root's visible part.
 
@@ -38,6 +39,10 @@ RUNTIME_DIR = "/run/slurmbox-measure"
 RUNNER_FILES = ("runner.py", "protocol.py")
 LOG_LIMIT = 64 * 1024
 NOBODY = 65534
+#: Where the candidate's files and channel appear inside its sandbox. An existing directory of
+#: every node's root (FHS): runsc's gofer creates a missing bind destination on the host as root,
+#: so slurmbox binds only at paths that exist (sandbox.bundle.mount_point_problem).
+SANDBOX_MOUNT = "/mnt"
 #: Memory limit of a candidate's sandbox (MB, 0 = none): a candidate must not be able to exhaust the node.
 MEMORY_LIMIT_MB = 4096
 
@@ -106,8 +111,9 @@ class _Candidate:
         self.start_timeout = start_timeout
         self.id = "measure-%s-%s" % ("".join(c if c.isalnum() else "-" for c in label)[:40], uuid.uuid4().hex[:10])
         self.workdir = os.path.join(RUNTIME_DIR, self.id)
-        self.code_dir = os.path.join(self.workdir, "code")
-        self.channel_dir = os.path.join(self.workdir, "channel")
+        self.shared_dir = os.path.join(self.workdir, "shared")  # bound at SANDBOX_MOUNT
+        self.code_dir = os.path.join(self.shared_dir, "code")
+        self.channel_dir = os.path.join(self.shared_dir, "channel")
         self.proc = None
         self.conn = None
         self.drains = []
@@ -118,6 +124,7 @@ class _Candidate:
         os.makedirs(RUNTIME_DIR, mode=0o700, exist_ok=True)
         os.chmod(RUNTIME_DIR, 0o711)
         os.makedirs(self.workdir, mode=0o711)
+        os.makedirs(self.shared_dir, mode=0o755)
         os.makedirs(self.code_dir, mode=0o755)
         here = os.path.dirname(os.path.abspath(__file__))
         for name in RUNNER_FILES:
@@ -273,8 +280,8 @@ class SandboxedCandidate(_Candidate):
     def build_spec(self):
         """The OCI config.json dict of this candidate's sandbox."""
         from slurmbox.sandbox import bundle, options
-        mounts = [options.Mount(source=self.code_dir, destination="/candidate", read_only=True),
-                  options.Mount(source=self.channel_dir, destination="/channel", read_only=False)]
+        # One read-write bind: code/ is root's (0755, files 0644), channel/ the candidate's.
+        mounts = [options.Mount(source=self.shared_dir, destination=SANDBOX_MOUNT, read_only=False)]
         mounts += _python_mounts()
         request = SimpleNamespace(image=None, network="none", mounts=mounts)
         env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
@@ -284,7 +291,8 @@ class SandboxedCandidate(_Candidate):
             env.update(plan.env)
             env["SLURMBOX_MEASURE_GPU"] = "1"
         process = bundle.process_spec(
-            [sys.executable, "-I", "/candidate/runner.py", "/candidate/candidate.py", "/channel/sock"], env,
+            [sys.executable, "-I", SANDBOX_MOUNT + "/code/runner.py", SANDBOX_MOUNT + "/code/candidate.py",
+             SANDBOX_MOUNT + "/channel/sock"], env,
             "/tmp", self.uid, self.gid, [], False,
             [{"type": "RLIMIT_NOFILE", "soft": 1024, "hard": 1024}, {"type": "RLIMIT_CORE", "soft": 0, "hard": 0}])
         spec = bundle.build_spec(process, request, "candidate", [], plan.devices if plan is not None else [])

@@ -5,7 +5,7 @@ The harness runs as the job's user inside an allocation (a batch script or
 
     srun --sandbox --sandbox-network=none -N1 -n1 -u --chdir=STAGE/code \\
          --sandbox-mounts=STAGE/code:/candidate:ro,PYTHON_PREFIX:PYTHON_PREFIX:ro \\
-         --sandbox-workdir=/tmp PYTHON -I /candidate/runner.py --stdio /candidate/candidate.py
+         --sandbox-workdir=/tmp PYTHON -I /mnt/runner.py --stdio /mnt/candidate.py
 
 slurmbox's SPANK plugin puts the step in a gVisor sandbox (see the README's
 security model). The channel is the step's stdin/stdout, relayed by srun;
@@ -194,7 +194,7 @@ class SlurmStepCandidate(cs._Candidate):
         srun = shutil.which("srun")
         if not srun:
             raise cs.SandboxStartError("srun is not on PATH; Slurm mode runs inside a Slurm allocation")
-        mounts = ["%s:/candidate:ro" % self.code_dir]
+        mounts = ["%s:%s:ro" % (self.code_dir, cs.SANDBOX_MOUNT)]
         for prefix in sorted({sys.prefix, sys.base_prefix}):
             if prefix not in ("/usr", "/"):
                 mounts.append("%s:%s:ro" % (os.path.realpath(prefix), prefix))
@@ -208,7 +208,7 @@ class SlurmStepCandidate(cs._Candidate):
         return [srun, "--sandbox", "--sandbox-network=none", "-N1", "-n1", "-u", "--chdir=" + self.code_dir,
                 "--job-name=" + self.step_name, *placement,
                 "--sandbox-mounts=" + ",".join(mounts), "--sandbox-workdir=/tmp", *self.srun_args,
-                sys.executable, "-I", "/candidate/runner.py", "--stdio", "/candidate/candidate.py"]
+                sys.executable, "-I", cs.SANDBOX_MOUNT + "/runner.py", "--stdio", cs.SANDBOX_MOUNT + "/candidate.py"]
 
     def start(self):
         """Stage the files, start the srun step and read the runner's hello. Raises SandboxStartError."""

@@ -11,15 +11,14 @@ jobs start elsewhere; a requeued job's begin-time hold is lifted
 """
 
 import os
-import re
 import threading
 from dataclasses import asdict, dataclass, field
 
 from slurmbox.migrate import triggers
 from slurmbox.migrate.release import release_when_pending
+from slurmbox.sandbox import step_dirs
 from slurmbox.slurm_client import scontrol
 
-_STEP_DIR = re.compile(r"^(\d+)\.([A-Za-z0-9_]+)$")
 
 
 @dataclass
@@ -55,9 +54,9 @@ def local_steps(runtime_dir, node):
     node_dir = os.path.join(runtime_dir, node)
     found = []
     for name in sorted(os.listdir(node_dir)) if os.path.isdir(node_dir) else []:
-        match = _STEP_DIR.match(name)
-        if match and os.path.exists(os.path.join(node_dir, name, triggers.CONTROL_SOCKET)):
-            found.append((match.group(1), match.group(2), os.path.join(node_dir, name)))
+        parsed = step_dirs.parse(name)
+        if parsed and parsed.incarnation and os.path.exists(os.path.join(node_dir, name, triggers.CONTROL_SOCKET)):
+            found.append((parsed.job, parsed.step, os.path.join(node_dir, name)))
     return found
 
 

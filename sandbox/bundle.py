@@ -93,8 +93,8 @@ def build_spec(process, request, hostname, bind_dirs, devices, extra_mounts=(), 
     """The OCI config.json dict for a step sandbox.
 
     ``process``: from process_spec; ``request``: options.SandboxRequest;
-    ``bind_dirs``: extra read-write binds (host path == sandbox path), e.g.
-    the working directory; ``devices``: list of devices.Device;
+    ``bind_dirs``: binds before the user's, e.g. the working directory: a
+    str (read-write, host path == sandbox path) or an options.Mount; ``devices``: list of devices.Device;
     ``extra_mounts``: slurmbox's own binds (options.Mount) after the user's;
     ``network``: runsc network mode (default: the request's).
     """
@@ -113,15 +113,19 @@ def build_spec(process, request, hostname, bind_dirs, devices, extra_mounts=(), 
                 mounts.append({"destination": directory, "type": "tmpfs", "source": "tmpfs",
                                "options": ["nosuid", "nodev", "mode=755"]})
     mounts.append({"destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=1777"]})
-    for directory in bind_dirs:
-        mounts.append({"destination": directory, "type": "bind", "source": directory, "options": ["rbind", "rw"]})
+    for bind in bind_dirs:
+        if isinstance(bind, str):
+            mounts.append({"destination": bind, "type": "bind", "source": bind, "options": ["rbind", "rw"]})
+        else:
+            mounts.append({"destination": bind.destination, "type": "bind", "source": bind.source,
+                           "options": ["rbind", "ro" if bind.read_only else "rw"]})
     for mount in list(request.mounts) + list(extra_mounts):
         mounts.append({"destination": mount.destination, "type": "bind", "source": mount.source,
                        "options": ["rbind", "ro" if mount.read_only else "rw"]})
     return {
         "ociVersion": "1.0.2",
         "process": process,
-        "root": {"path": request.image or "/", "readonly": True},
+        "root": {"path": getattr(request, "image_bind", None) or request.image or "/", "readonly": True},
         "hostname": hostname,
         "mounts": mounts,
         "linux": {

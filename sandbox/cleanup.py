@@ -5,7 +5,7 @@ root, after the tasks ended, also after scancel, time limit or a crash) and by
 the supervisor itself on a normal end. Idempotent: kills the supervisor if it
 still runs, kills and deletes the runsc container (``runsc kill``, ``runsc
 delete --force``), removes the step's cgroups (sandbox/step_cgroup.py), and
-removes the step's runtime directory (socket, bundle, pid files).
+removes the step's runtime directory (socket, bundle, pid files) and its alias.
 """
 
 import argparse
@@ -15,11 +15,12 @@ import signal
 import subprocess
 import sys
 
-from slurmbox.sandbox import runsc
+from slurmbox.sandbox import runsc, step_dirs
 
 
 def container_id_of(step_dir):
-    """Container id of the step whose runtime directory is ``step_dir`` (``<job>.<step>``)."""
+    """runsc container id of the step whose runtime directory is ``step_dir``
+    (``<job>.<step>.<incarnation>``, sandbox/step_dirs.py): unique per incarnation."""
     return "slurmbox-" + os.path.basename(os.path.normpath(step_dir))
 
 
@@ -74,7 +75,27 @@ def remove_step(step_dir, runtime_dir):
         subprocess.run([binary, "--root", state_root, "kill", "--all", container, "KILL"], **quiet)
         subprocess.run([binary, "--root", state_root, "delete", "--force", container], **quiet)
     _remove_cgroup(step_dir, runtime_dir)
-    shutil.rmtree(step_dir, ignore_errors=True)
+    _remove_tree(step_dir)
+    step_dirs.remove_alias(step_dir)
+
+
+def _remove_tree(step_dir):
+    """Remove the step directory; its staging binds (user_paths.py) only through
+    remove_staging, which never descends into one, so the user's files are never touched."""
+    from slurmbox.sandbox import user_paths
+
+    left = user_paths.remove_staging(step_dir)
+    if not left:
+        shutil.rmtree(step_dir, ignore_errors=True)
+        return
+    for name in os.listdir(step_dir) if os.path.isdir(step_dir) else []:
+        if name != user_paths.STAGING_SUBDIR:
+            path = os.path.join(step_dir, name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                os.unlink(path)
+    sys.stderr.write("slurmbox cleanup: left %s (still mounted)\n" % ", ".join(left))
 
 
 def _remove_cgroup(step_dir, runtime_dir):

@@ -61,7 +61,9 @@ class SandboxRequest:
     ``profile``: profile name; ``image``: root file system directory, or None for
     the host root (read-only); ``mounts``: list of Mount; ``workdir``: working
     directory inside, or None for the task's cwd; ``network``: one of
-    NETWORK_MODES; ``dry_run``: print the OCI spec instead of running.
+    NETWORK_MODES; ``dry_run``: print the OCI spec instead of running;
+    ``image_bind``: the supervisor's root-owned bind of ``image`` that runsc
+    serves as the root (sandbox/user_paths.py), None until staged.
     """
 
     profile: str
@@ -70,6 +72,7 @@ class SandboxRequest:
     workdir: str = None
     network: str = "none"
     dry_run: bool = False
+    image_bind: str = None
 
 
 def merge_sources(cli_options, task_env):

@@ -24,7 +24,7 @@ import subprocess
 import time
 from dataclasses import asdict, dataclass
 
-from slurmbox.sandbox import cleanup, runsc
+from slurmbox.sandbox import cleanup, runsc, step_dirs
 
 RECORD_NAME = "sandbox.json"
 OWNER_RECORD_NAME = "sandbox.owner.json"
@@ -55,7 +55,7 @@ def build_record(args, request, plan, spec, runsc_prefix):
     return {
         "id": "%s.%s" % (args.job, args.step), "job": str(args.job), "step": str(args.step), "node": args.node,
         "uid": args.uid, "user": user, "partition": args.partition, "profile": request.profile,
-        "container": "slurmbox-%s.%s" % (args.job, args.step), "created": round(time.time(), 3),
+        "container": cleanup.container_id_of(args.step_dir), "created": round(time.time(), 3),
         "local_tasks": args.local_tasks, "network": request.network, "platform": platform,
         "image": request.image or "/", "devices": [d.host_path for d in plan.devices],
         "device_env": dict(plan.env), "mounts": [m for m in spec.get("mounts", [])],
@@ -168,8 +168,10 @@ def runsc_status(step_dir, container):
 
 
 def _entry(step_dir, node, as_root):
-    name = os.path.basename(step_dir)
-    job, _, step = name.partition(".")
+    parsed = step_dirs.parse(os.path.basename(step_dir))
+    if parsed is None:
+        return None
+    name, job, step = parsed.step_id, parsed.job, parsed.step
     record = _read_json(os.path.join(step_dir, RECORD_NAME if as_root else OWNER_RECORD_NAME))
     try:
         info = os.stat(step_dir)
@@ -203,7 +205,7 @@ def _root_step_dirs(runtime_dir):
             continue
         for entry in sorted(os.listdir(node_dir)):
             path = os.path.join(node_dir, entry)
-            if "." in entry and os.path.isdir(path) and not os.path.islink(path):
+            if step_dirs.is_incarnation_dir(entry) and os.path.isdir(path) and not os.path.islink(path):
                 yield node, path
 
 
@@ -287,7 +289,8 @@ def kill(entry, reason="killed by an administrator"):
     if os.geteuid() != 0:
         raise SandboxError("only root may kill sandboxes; to end your own job use scancel")
     node_dir = os.path.dirname(entry.step_dir)
-    argv = _runsc_argv(entry.step_dir, "kill", "--all", "slurmbox-" + entry.id, "KILL")
+    argv = _runsc_argv(entry.step_dir, "kill", "--all", cleanup.container_id_of(os.path.realpath(entry.step_dir)),
+                       "KILL")
     if argv is None:
         raise SandboxError("sandbox %s on %s is not running (its supervisor is gone)" % (entry.id, entry.node))
     proc = subprocess.run(argv, capture_output=True, text=True, input="")  # never our stdin: runsc may re-own it

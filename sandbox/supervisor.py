@@ -24,17 +24,19 @@ same way, each node's sandbox on its own (slurmbox.migrate.step_checkpoint).
 """
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
 import socket
+import stat
 import struct
 import subprocess
 import sys
 import threading
 import time
 
-from slurmbox.sandbox import bundle, devices, options, runsc
+from slurmbox.sandbox import bundle, cleanup, devices, options, runsc, user_paths
 from slurmbox.sandbox.launcher import EXIT_SANDBOX_FAILED, recv_frame, send_frame
 from slurmbox.sandbox.peer_signals import follow_peer
 from slurmbox.sandbox.stdio_relay import StdioRelay
@@ -85,7 +87,7 @@ class Supervisor:
         self.cli_options = dict(o.split("=", 1) for o in args.option)
         self.node_dir = os.path.join(args.runtime_dir, args.node)
         self.state_root = os.path.join(self.node_dir, runsc.RUNSC_STATE_SUBDIR)
-        self.container_id = "slurmbox-%s.%s" % (args.job, args.step)
+        self.container_id = cleanup.container_id_of(args.step_dir)
         self.bundle_dir = os.path.join(args.step_dir, "bundle")
         self.lock = threading.Lock()
         self.prepared = None        # (request, device plan, runsc prefix) or StepFailure
@@ -105,6 +107,9 @@ class Supervisor:
         self.cuda_checkpoint_source = None  # the node's cuda-checkpoint bound into a GPU sandbox, if any
         self.accelerators = None    # devices.accelerators() of this step's allocation on this node
         self.gpu_models = []        # gres types of the GPUs Slurm allocated on this node (devices.job_gpu_types)
+        self.staging = user_paths.Staging(args.step_dir)  # binds of the user's paths (user_paths.py)
+        self.staging_lock = threading.Lock()
+        self.mount_namespace_error = None  # set by main() when the private mount namespace is missing
 
     # -- preparation (once per step) -------------------------------------------------
     def prepare(self, task_env):
@@ -133,27 +138,14 @@ class Supervisor:
                                   self.args.runtime_dir)
         uid, gid = self.args.uid, self.args.gid
         _, _, groups = bundle.user_identity(uid, gid)
-        all_gids = [gid] + groups
-        if request.image and not bundle.path_reachable(request.image, uid, all_gids):
-            raise options.OptionError("image", request.image, "the job's user cannot read this directory")
-        device_dirs = self._device_directories() if request.mounts else set()
-        for mount in request.mounts:
-            if not bundle.path_reachable(mount.source, uid, all_gids, write=not mount.read_only):
-                raise options.OptionError("mounts", "%s:%s" % (mount.source, mount.destination),
-                                          "the job's user may not %s %s on this node"
-                                          % ("read" if mount.read_only else "write", mount.source))
-            # mount.source is already its real path (options.resolve)
-            if mount.source in device_dirs or any(d.startswith(mount.source.rstrip("/") + "/") for d in device_dirs):
-                raise options.OptionError("mounts", "%s:%s" % (mount.source, mount.destination),
-                                          "the source holds this node's accelerator device files (gres.conf); "
-                                          "devices come only from the step's allocation")
-            if not os.path.isdir(mount.source) and not os.path.isfile(mount.source):
-                raise options.OptionError("mounts", "%s:%s" % (mount.source, mount.destination),
-                                          "the source is neither a directory nor a regular file (device nodes, "
-                                          "sockets and pipes cannot be mounted)")
-            problem = bundle.mount_point_problem(request.image or "/", mount.destination, os.path.isdir(mount.source))
-            if problem:
-                raise options.OptionError("mounts", "%s:%s" % (mount.source, mount.destination), problem)
+        if self.mount_namespace_error and (request.image or request.mounts):
+            raise StepFailure("the supervisor has no private mount namespace (%s), so it cannot bind your paths "
+                              "safely; ask the admin to check this node" % self.mount_namespace_error)
+        if request.image:
+            staged = self._stage_image(request.image, groups, request.dry_run)
+            request = dataclasses.replace(request, image_bind=staged)
+        if request.mounts:
+            request = dataclasses.replace(request, mounts=self._stage_mounts(request, groups))
         profile = policy.profiles[request.profile]
         self.profile = profile
         runsc_path = runsc.find_runsc()
@@ -164,6 +156,72 @@ class Supervisor:
         prefix = runsc.global_args(runsc_path, self.state_root, platform, request.network,
                                    list(profile.runsc_flags) + plan.runsc_flags)
         return request, plan, prefix, groups
+
+    def _user_gids(self, groups):
+        return [self.args.gid] + [g for g in groups if g != self.args.gid]
+
+    def _stage_image(self, image, groups, dry_run):
+        """The user's image directory, opened as the user and bound into the staging directory
+        (its path; ``image`` itself for a dry run, which starts nothing)."""
+        try:
+            fd, info = user_paths.open_source(image, self.args.uid, self._user_gids(groups), write=False)
+        except user_paths.UserPathError as err:
+            raise options.OptionError("image", image, str(err))
+        try:
+            if not stat.S_ISDIR(info.st_mode):
+                raise options.OptionError("image", image, "the image must be a directory (the root file system)")
+            if dry_run:
+                return image
+            with self.staging_lock:
+                return self.staging.stage(fd, read_only=True)
+        finally:
+            os.close(fd)
+
+    def _stage_mounts(self, request, groups):
+        """request.mounts with each source opened as the user, checked on its descriptor, and
+        replaced by its staging bind (list of options.Mount). Raises options.OptionError."""
+        device_inodes = self._device_directory_inodes()
+        staged = []
+        for mount in request.mounts:
+            name = "%s:%s" % (mount.source, mount.destination)
+            try:
+                fd, info = user_paths.open_source(mount.source, self.args.uid, self._user_gids(groups),
+                                                  write=not mount.read_only)
+            except user_paths.UserPathError as err:
+                raise options.OptionError("mounts", name, str(err))
+            try:
+                if (info.st_dev, info.st_ino) in device_inodes:
+                    raise options.OptionError("mounts", name, "the source holds this node's accelerator device files "
+                                              "(gres.conf); devices come only from the step's allocation")
+                problem = bundle.mount_point_problem(request.image_bind or "/", mount.destination,
+                                                     stat.S_ISDIR(info.st_mode))
+                if problem:
+                    raise options.OptionError("mounts", name, problem)
+                if request.dry_run:
+                    source = mount.source
+                else:
+                    with self.staging_lock:
+                        source = self.staging.stage(fd, mount.read_only)
+            finally:
+                os.close(fd)
+            staged.append(options.Mount(source=source, destination=mount.destination, read_only=mount.read_only))
+        return staged
+
+    def _device_directory_inodes(self):
+        """(st_dev, st_ino) of each directory holding this node's gres.conf device files and of
+        every directory above it: a mount of one would hand the sandbox every GPU of the node."""
+        inodes = set()
+        for directory in self._device_directories():
+            while True:
+                try:
+                    info = os.stat(directory)
+                    inodes.add((info.st_dev, info.st_ino))
+                except OSError:
+                    pass
+                if directory == "/":
+                    break
+                directory = os.path.dirname(directory)
+        return inodes
 
     def _allocated_device_files(self, task_env):
         """Host device files of the GPUs this step may use on this node.
@@ -267,12 +325,14 @@ class Supervisor:
         from slurmbox.topology import sandbox_hints  # this node's NCCL topology file, if the site has one
         topo_mounts, topo_env = sandbox_hints.for_step(self.args.site_config, self.args.node, env, request)
         env.update(topo_env)
-        root = request.image or "/"
+        root = request.image_bind or "/"
         task_cwd = self._peer_cwd(peer_pid, groups)
         cwd = request.workdir or task_cwd
         try:
             argv = list(message["argv"])
-            argv[0] = bundle.resolve_command(argv[0], env.get("PATH"), root, cwd)
+            # As the user: root's answer would tell whether a file exists in a directory they cannot read.
+            argv[0] = user_paths.as_user(lambda: bundle.resolve_command(argv[0], env.get("PATH"), root, cwd),
+                                         self.args.uid, self._user_gids(groups))
         except bundle.CommandNotFound as missing:
             # Same status and wording as slurmstepd's own failed execve() (exit 2).
             os.write(fds[2], ("slurmbox: error: execve(): %s: No such file or directory (inside the sandbox)\n"
@@ -281,7 +341,7 @@ class Supervisor:
             return
         process = bundle.process_spec(argv, env, cwd, self.args.uid, self.args.gid, groups,
                                       message.get("tty"), bundle.process_rlimits(peer_pid))
-        bind_dirs = [task_cwd] if task_cwd != "/" and os.path.isdir(task_cwd) else []
+        bind_dirs = [self._stage_cwd(task_cwd, groups, request.dry_run)] if task_cwd != "/" else []
         extra_mounts = list(topo_mounts)
         if self.args.step == "batch" and not request.dry_run:
             batch_mounts, prefix = self._batch_step_access(prefix, process, request, groups, fds, task_cwd)
@@ -374,12 +434,28 @@ class Supervisor:
     def _peer_cwd(self, peer_pid, groups):
         """The launcher's working directory as the kernel resolved it (never the message's word)."""
         try:
-            cwd = os.readlink("/proc/%d/cwd" % peer_pid)
+            return os.readlink("/proc/%d/cwd" % peer_pid)
         except OSError:
             raise StepFailure("cannot read the task's working directory")
-        if cwd != "/" and not bundle.path_reachable(cwd, self.args.uid, [self.args.gid] + list(groups)):
-            raise StepFailure("the job's user cannot reach the working directory %s" % cwd)
-        return cwd
+
+    def _stage_cwd(self, task_cwd, groups, dry_run):
+        """The task's working directory as an options.Mount at its own path, its source opened
+        as the user and bound into the staging directory (read-only when the user cannot write it)."""
+        try:
+            fd, info = user_paths.open_source(task_cwd, self.args.uid, self._user_gids(groups), write=False)
+        except user_paths.UserPathError as err:
+            raise StepFailure("cannot use the working directory: %s" % err)
+        try:
+            if not stat.S_ISDIR(info.st_mode):
+                raise StepFailure("the working directory %s is not a directory" % task_cwd)
+            read_only = not user_paths.write_allowed(info, self.args.uid, self._user_gids(groups))
+            if dry_run:
+                return options.Mount(source=task_cwd, destination=task_cwd, read_only=read_only)
+            with self.staging_lock:
+                source = self.staging.stage(fd, read_only)
+        finally:
+            os.close(fd)
+        return options.Mount(source=source, destination=task_cwd, read_only=read_only)
 
     def _batch_step_access(self, prefix, process, request, groups, fds, task_cwd):
         """Mounts, runsc flags and environment of a sandboxed batch step.
@@ -749,8 +825,16 @@ def main(argv=None):
     """Entry point used by the SPANK shim."""
     os.umask(0o077)  # bundles hold the task's environment: root only
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    namespace_error = None
+    try:  # first, while single-threaded: the binds of the user's paths stay in here (user_paths.py)
+        user_paths.enter_private_mount_namespace()
+    except OSError as err:
+        namespace_error = str(err)
     listener = socket.socket(fileno=args.listen_fd)
     supervisor = Supervisor(args)
+    supervisor.mount_namespace_error = namespace_error
+    if namespace_error:
+        supervisor.say(None, "no private mount namespace: %s" % namespace_error)
     signal.signal(signal.SIGTERM, lambda *_: supervisor.done.set())
     supervisor.serve(listener)
 

@@ -30,6 +30,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdarg.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -60,7 +62,9 @@ static char conf_required[1024] = "";
 static int conf_ok;                   /* plugstack arguments parsed (submit side) */
 static int sandboxed;                 /* this step runs in a sandbox */
 static int multi_prog;                /* step launched with srun --multi-prog */
-static char step_dir[1024];           /* runtime_dir/<node>/<job>.<step> */
+static char step_dir[1024];           /* runtime_dir/<node>/<job>.<step>.r<restarts>-<nonce> */
+static char step_alias[1024];         /* runtime_dir/<node>/<job>.<step>: root's symlink to step_dir */
+static char step_error[1024];         /* why this sandboxed step cannot start: task_init tells each task */
 static char log_path[1200];           /* runtime_dir/<node>/log/<job>.<step>.log */
 static char step_name[64];
 
@@ -197,6 +201,66 @@ static void format_step(uint32_t stepid, char *buf, size_t len)
 		snprintf(buf, len, "interactive");
 	else
 		snprintf(buf, len, "%u", stepid);
+}
+
+/*
+ * A sandboxed step that cannot start: keep the reason for slurm_spank_task_init,
+ * which writes it to each task's stderr and exits 125, so srun and the job fail
+ * with the reason where the user reads it. (Failing slurm_spank_init_post_opt
+ * itself shows only "Plugin initialization failed" and srun exits 0.)
+ */
+static int refuse_step(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(step_error, sizeof(step_error), fmt, ap);
+	va_end(ap);
+	slurm_error("slurmbox: %s", step_error);
+	sandboxed = 1;
+	return 0;
+}
+
+/* Undo what start_supervisor created before it failed: the socket, the alias, the directory. */
+static void remove_partial_step(void)
+{
+	char path[1100];
+	if (step_dir[0]) {
+		snprintf(path, sizeof(path), "%s/supervisor.sock", step_dir);
+		unlink(path);
+		rmdir(step_dir);
+	}
+	if (step_alias[0]) {
+		char target[1024];
+		ssize_t n = readlink(step_alias, target, sizeof(target) - 1);
+		const char *base = strrchr(step_dir, '/');
+		if (n > 0 && base) {
+			target[n] = '\0';
+			if (!strcmp(target, base + 1))
+				unlink(step_alias);
+		}
+	}
+	step_dir[0] = '\0';
+	step_alias[0] = '\0';
+}
+
+/*
+ * Point runtime_dir/<node>/<job>.<step> at this incarnation's directory, so the
+ * job's user and slurmbox's tools find the step by its Slurm id. Root-only
+ * directory: the rename replaces an earlier incarnation's alias atomically.
+ */
+static int publish_alias(const char *node_dir, uint32_t jobid, const char *incarnation)
+{
+	char tmp[1100], target[256];
+	snprintf(step_alias, sizeof(step_alias), "%s/%u.%s", node_dir, jobid, step_name);
+	snprintf(target, sizeof(target), "%u.%s.%s", jobid, step_name, incarnation);
+	snprintf(tmp, sizeof(tmp), "%s/.%s.alias", node_dir, target);
+	unlink(tmp);
+	if (symlink(target, tmp) != 0 || rename(tmp, step_alias) != 0) {
+		unlink(tmp);
+		step_alias[0] = '\0';
+		return -1;
+	}
+	return 0;
 }
 
 static void add_arg(char **argv, int *argc, int max, char *arg)
@@ -391,97 +455,91 @@ static int submit_check(spank_context_t ctx)
 	return 0;
 }
 
-int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
+/*
+ * slurmstepd side of a sandboxed step: create this incarnation's runtime
+ * directory (exclusively: a requeued or migrated-back step reuses job and step
+ * ids, so the name carries the restart count and a random nonce) and the
+ * supervisor's listening socket (so tasks can connect before Python has
+ * started), then fork+exec the root-run supervisor with a clean environment
+ * and the options as arguments. Every failure goes through refuse_step and
+ * leaves nothing behind.
+ */
+static int start_supervisor(spank_t sp, uint32_t jobid, uint32_t stepid, const char *partition, int required,
+			    int job_argc, char **job_argv)
 {
-	(void)ac; (void)av;
-	spank_context_t ctx = spank_context();
-	if (ctx == S_CTX_ALLOCATOR || ctx == S_CTX_LOCAL)
-		return submit_check(ctx);
-	if (ctx != S_CTX_REMOTE)
-		return 0;
-
-	uint32_t jobid = 0, stepid = 0, ntasks = 0;
+	uint32_t ntasks = 0, restarts = 0;
 	uid_t uid = 0;
 	gid_t gid = 0;
-	if (spank_get_item(sp, S_JOB_ID, &jobid) != ESPANK_SUCCESS ||
-	    spank_get_item(sp, S_JOB_STEPID, &stepid) != ESPANK_SUCCESS)
-		return 0;
-	if (stepid == SLURM_EXTERN_CONT)
-		return 0;
-
-	char envbuf[256], partition[256] = "";
-	int env_wants = getenv_job(sp, "SLURMBOX_SANDBOX", envbuf, sizeof(envbuf)) && env_truthy(envbuf);
-	/* Any --sandbox-* option asks for a sandbox as --sandbox does. */
-	int option_wants = opt_given[O_SANDBOX] || opt_given[O_IMAGE] || opt_given[O_MOUNTS] ||
-			   opt_given[O_WORKDIR] || opt_given[O_NETWORK] || opt_given[O_DRY_RUN] ||
-			   opt_given[O_CHECKPOINT] || opt_given[O_CHECKPOINT_INTERVAL];
-	if ((option_wants || env_wants || conf_required[0]) &&
-	    trusted_partition(jobid, partition, sizeof(partition)) != 0) {
-		slurm_error("slurmbox: cannot read the partition of job %u from slurmctld", jobid);
-		return -1;
-	}
-	int required = in_list(conf_required, partition);
-	if (opt_given[O_NO_SANDBOX])
-		sandboxed = required; /* the supervisor refuses it with a message */
-	else
-		sandboxed = option_wants || env_wants || required;
-	if (!sandboxed)
-		return 0;
-
-	int job_argc = 0;
-	char **job_argv = NULL;
-	if (spank_get_item(sp, S_JOB_ARGV, &job_argc, &job_argv) == ESPANK_SUCCESS)
-		multi_prog = looks_like_multi_prog(job_argc, job_argv);
-#if SLURM_VERSION_NUMBER < SLURM_VERSION_NUM(23, 11, 0)
-	if (multi_prog)
-		return 0; /* task_init refuses the step with a message; no supervisor needed */
-#endif
-
 	if (spank_get_item(sp, S_JOB_UID, &uid) != ESPANK_SUCCESS ||
 	    spank_get_item(sp, S_JOB_GID, &gid) != ESPANK_SUCCESS ||
-	    spank_get_item(sp, S_JOB_LOCAL_TASK_COUNT, &ntasks) != ESPANK_SUCCESS) {
-		slurm_error("slurmbox: cannot read the step's user, group or task count");
-		return -1;
+	    spank_get_item(sp, S_JOB_LOCAL_TASK_COUNT, &ntasks) != ESPANK_SUCCESS)
+		return refuse_step("cannot read the step's user, group or task count from slurmstepd");
+	if (spank_get_item(sp, S_SLURM_RESTART_COUNT, &restarts) != ESPANK_SUCCESS)
+		restarts = 0;
+
+	static char optbuf[SBX_OPT_COUNT][PATH_MAX + 32];
+	for (int i = 0; i < SBX_OPT_COUNT; i++) {
+		if (opt_given[i] && (size_t)snprintf(optbuf[i], sizeof(optbuf[i]), "%s=%s", opt_keys[i],
+						     opt_values[i]) >= sizeof(optbuf[i]))
+			return refuse_step("the value of --sandbox-%s is %zu bytes long; the limit is %d",
+					   opt_keys[i], strlen(opt_values[i]), PATH_MAX);
 	}
 
 	char node[65];
 	if (gethostname(node, sizeof(node)) != 0)
-		return -1;
+		return refuse_step("gethostname: %m");
 	node[sizeof(node) - 1] = '\0';
 	format_step(stepid, step_name, sizeof(step_name));
 
+	unsigned char nonce[6];
+	if (getrandom(nonce, sizeof(nonce), 0) != (ssize_t)sizeof(nonce))
+		return refuse_step("getrandom: %m");
+	char incarnation[64];
+	snprintf(incarnation, sizeof(incarnation), "r%u-%02x%02x%02x%02x%02x%02x", restarts, nonce[0], nonce[1],
+		 nonce[2], nonce[3], nonce[4], nonce[5]);
+
 	char node_dir[512], log_dir[600];
 	snprintf(node_dir, sizeof(node_dir), "%s/%s", conf_runtime_dir, node);
-	snprintf(step_dir, sizeof(step_dir), "%s/%u.%s", node_dir, jobid, step_name);
 	snprintf(log_dir, sizeof(log_dir), "%s/log", node_dir);
 	snprintf(log_path, sizeof(log_path), "%s/%u.%s.log", log_dir, jobid, step_name);
 	if (ensure_root_dir(conf_runtime_dir, 0711) || ensure_root_dir(node_dir, 0711) ||
 	    ensure_root_dir(log_dir, 0700))
-		return -1;
-	if (mkdir(step_dir, 0700) != 0 && errno != EEXIST) {
-		slurm_error("slurmbox: cannot create %s: %m", step_dir);
-		return -1;
-	}
+		return refuse_step("slurmbox's runtime directory %s is not usable on %s (see slurmd's log)",
+				   conf_runtime_dir, node);
+	char dir[1024];
+	snprintf(dir, sizeof(dir), "%s/%u.%s.%s", node_dir, jobid, step_name, incarnation);
+	if (mkdir(dir, 0700) != 0)  /* never EEXIST-tolerant: no one may have made it first */
+		return refuse_step("cannot create the step's runtime directory %s: %m", dir);
+	snprintf(step_dir, sizeof(step_dir), "%s", dir);
 	/* The job user may traverse the step directory to reach the socket. */
 	if (chown(step_dir, 0, gid) != 0 || chmod(step_dir, 0710) != 0) {
-		slurm_error("slurmbox: cannot set owner of %s: %m", step_dir);
-		return -1;
+		refuse_step("cannot set the owner of %s: %m", step_dir);
+		remove_partial_step();
+		return 0;
 	}
 
 	struct sockaddr_un addr = {.sun_family = AF_UNIX};
 	if ((size_t)snprintf(addr.sun_path, sizeof(addr.sun_path), "%s/supervisor.sock", step_dir) >= sizeof(addr.sun_path)) {
-		slurm_error("slurmbox: runtime_dir %s is too long for a socket path", conf_runtime_dir);
-		return -1;
+		refuse_step("runtime_dir %s is too long for a socket path (ask the admin to shorten it)",
+			    conf_runtime_dir);
+		remove_partial_step();
+		return 0;
 	}
-	unlink(addr.sun_path);
 	int lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (lfd < 0 || bind(lfd, (struct sockaddr *)&addr, sizeof(addr)) != 0 ||
 	    chown(addr.sun_path, uid, gid) != 0 || chmod(addr.sun_path, 0600) != 0 ||
 	    listen(lfd, 128) != 0) {
-		slurm_error("slurmbox: cannot create supervisor socket %s: %m", addr.sun_path);
+		refuse_step("cannot create the supervisor socket %s: %m", addr.sun_path);
 		if (lfd >= 0)
 			close(lfd);
-		return -1;
+		remove_partial_step();
+		return 0;
+	}
+	if (publish_alias(node_dir, jobid, incarnation) != 0) {
+		refuse_step("cannot link %s/%u.%s to the step's runtime directory: %m", node_dir, jobid, step_name);
+		close(lfd);
+		remove_partial_step();
+		return 0;
 	}
 
 	char s_job[32], s_step[64], s_uid[32], s_gid[32], s_tasks[32], s_fd[16];
@@ -493,7 +551,6 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 	snprintf(s_fd, sizeof(s_fd), "%d", 3);
 
 	char *argv[64];
-	static char optbuf[SBX_OPT_COUNT][PATH_MAX + 32];
 	int argc = 0;
 	add_arg(argv, &argc, 64, conf_python);
 	add_arg(argv, &argc, 64, "-I");
@@ -508,7 +565,7 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 	add_arg(argv, &argc, 64, "--uid"); add_arg(argv, &argc, 64, s_uid);
 	add_arg(argv, &argc, 64, "--gid"); add_arg(argv, &argc, 64, s_gid);
 	add_arg(argv, &argc, 64, "--local-tasks"); add_arg(argv, &argc, 64, s_tasks);
-	add_arg(argv, &argc, 64, "--partition"); add_arg(argv, &argc, 64, partition);
+	add_arg(argv, &argc, 64, "--partition"); add_arg(argv, &argc, 64, (char *)partition);
 	add_arg(argv, &argc, 64, "--launcher"); add_arg(argv, &argc, 64, conf_launcher);
 	if (conf_site_config[0]) {
 		add_arg(argv, &argc, 64, "--site-config");
@@ -528,12 +585,6 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 	for (int i = 0; i < SBX_OPT_COUNT; i++) {
 		if (!opt_given[i])
 			continue;
-		if ((size_t)snprintf(optbuf[i], sizeof(optbuf[i]), "%s=%s", opt_keys[i], opt_values[i]) >=
-		    sizeof(optbuf[i])) {
-			slurm_error("slurmbox: --sandbox %s option value is too long", opt_keys[i]);
-			close(lfd);
-			return -1;
-		}
 		add_arg(argv, &argc, 64, "--option");
 		add_arg(argv, &argc, 64, optbuf[i]);
 	}
@@ -544,9 +595,10 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 
 	pid_t pid = fork();
 	if (pid < 0) {
-		slurm_error("slurmbox: fork: %m");
+		refuse_step("fork: %m");
 		close(lfd);
-		return -1;
+		remove_partial_step();
+		return 0;
 	}
 	if (pid == 0) {
 		/* Double fork so the supervisor is not slurmstepd's child; the
@@ -557,7 +609,7 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 			/* No slurm_error() here: a fork of multi-threaded slurmstepd. */
 			char pidpath[1100], pidtext[32];
 			snprintf(pidpath, sizeof(pidpath), "%s/supervisor.pid", step_dir);
-			int pfd = open(pidpath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+			int pfd = open(pidpath, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
 			int ok = pfd >= 0;
 			if (ok) {
 				int n = snprintf(pidtext, sizeof(pidtext), "%d\n", (int)supervisor);
@@ -594,9 +646,60 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 		_exit(127);
 	}
 	close(lfd);
-	while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+	int status = 0;
+	while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
 		;
+	if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+		return refuse_step("the sandbox supervisor did not start (see %s on %s)", log_path, node);
 	return 0;
+}
+
+int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
+{
+	(void)ac; (void)av;
+	spank_context_t ctx = spank_context();
+	if (ctx == S_CTX_ALLOCATOR || ctx == S_CTX_LOCAL)
+		return submit_check(ctx);
+	if (ctx != S_CTX_REMOTE)
+		return 0;
+
+	uint32_t jobid = 0, stepid = 0;
+	if (spank_get_item(sp, S_JOB_ID, &jobid) != ESPANK_SUCCESS ||
+	    spank_get_item(sp, S_JOB_STEPID, &stepid) != ESPANK_SUCCESS)
+		return 0;
+	if (stepid == SLURM_EXTERN_CONT)
+		return 0;
+
+	char envbuf[256], partition[256] = "";
+	int env_wants = getenv_job(sp, "SLURMBOX_SANDBOX", envbuf, sizeof(envbuf)) && env_truthy(envbuf);
+	/* Any --sandbox-* option asks for a sandbox as --sandbox does. */
+	int option_wants = opt_given[O_SANDBOX] || opt_given[O_IMAGE] || opt_given[O_MOUNTS] ||
+			   opt_given[O_WORKDIR] || opt_given[O_NETWORK] || opt_given[O_DRY_RUN] ||
+			   opt_given[O_CHECKPOINT] || opt_given[O_CHECKPOINT_INTERVAL];
+	if ((option_wants || env_wants || conf_required[0]) &&
+	    trusted_partition(jobid, partition, sizeof(partition)) != 0)
+		/* Fail closed: the step may belong to a partition that requires a sandbox. */
+		return refuse_step("cannot read the partition of job %u from slurmctld, so the step's sandbox "
+				   "policy is unknown; try again, or ask the admin to check slurmctld", jobid);
+	int required = in_list(conf_required, partition);
+	if (opt_given[O_NO_SANDBOX])
+		sandboxed = required; /* the supervisor refuses it with a message */
+	else
+		sandboxed = option_wants || env_wants || required;
+	if (!sandboxed)
+		return 0;
+
+	int job_argc = 0;
+	char **job_argv = NULL;
+	if (spank_get_item(sp, S_JOB_ARGV, &job_argc, &job_argv) == ESPANK_SUCCESS)
+		multi_prog = looks_like_multi_prog(job_argc, job_argv);
+#if SLURM_VERSION_NUMBER < SLURM_VERSION_NUM(23, 11, 0)
+	if (multi_prog) /* the per-task argv of --multi-prog is out of SPANK's reach before 23.11 */
+		return refuse_step("--sandbox cannot be combined with --multi-prog on Slurm %d.%02d (needs Slurm "
+				   "23.11 or later); run one srun per program instead",
+				   SLURM_VERSION_MAJOR(SLURM_VERSION_NUMBER), SLURM_VERSION_MINOR(SLURM_VERSION_NUMBER));
+#endif
+	return start_supervisor(sp, jobid, stepid, partition, required, job_argc, job_argv);
 }
 
 int slurm_spank_task_init(spank_t sp, int ac, char **av)
@@ -604,6 +707,12 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 	(void)ac; (void)av;
 	if (!sandboxed || spank_context() != S_CTX_REMOTE)
 		return 0;
+	if (step_error[0]) {
+		/* The task's own stderr: srun's terminal or the batch job's error file. */
+		fprintf(stderr, "slurmbox: error: %s\nslurmbox: the step did not start\n", step_error);
+		fflush(stderr);
+		_exit(125); /* EXIT_SANDBOX_FAILED, as the launcher and supervisor report it */
+	}
 
 	char sock[1100];
 	snprintf(sock, sizeof(sock), "%s/supervisor.sock", step_dir);
@@ -616,14 +725,6 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 		return -1;
 	}
 #else
-	if (multi_prog) {
-		/* The per-task argv of --multi-prog is out of SPANK's reach before 23.11. */
-		fprintf(stderr, "slurmbox: error: --sandbox cannot be combined with --multi-prog on Slurm %d.%02d "
-			"(needs Slurm 23.11 or later); run one srun per program instead\n",
-			SLURM_VERSION_MAJOR(SLURM_VERSION_NUMBER), SLURM_VERSION_MINOR(SLURM_VERSION_NUMBER));
-		fflush(stderr);
-		return -1;
-	}
 	int argc = 0;
 	char **argv = NULL;
 	if (spank_get_item(sp, S_JOB_ARGV, &argc, &argv) != ESPANK_SUCCESS || argc < 1) {

@@ -62,13 +62,15 @@ class Cluster:
         return self.run(["srun"] + list(args), **kwargs)
 
     def step_dirs(self):
-        """Step runtime directories currently present on any node."""
+        """Step runtime directories and their ``<job>.<step>`` aliases (dangling ones too)
+        currently present on any node (sandbox/step_dirs.py)."""
         found = []
         for node in sorted(os.listdir(self.runtime_dir)):
             node_dir = os.path.join(self.runtime_dir, node)
             for entry in sorted(os.listdir(node_dir)):
-                if "." in entry and os.path.isdir(os.path.join(node_dir, entry)):
-                    found.append(os.path.join(node_dir, entry))
+                path = os.path.join(node_dir, entry)
+                if "." in entry and (os.path.isdir(path) or os.path.islink(path)):
+                    found.append(path)
         return found
 
     def runsc_containers(self):

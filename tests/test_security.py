@@ -212,3 +212,149 @@ def test_two_word_commands_that_are_not_multi_prog_configurations_still_run(clus
     result = cluster.srun("-p", "secure", *argv, cwd=workdir)
     assert result.returncode == 0, result.stderr
     assert result.stdout == argv[1] + "\n"
+
+
+def _step_dirs_of(cluster, job):
+    return [d for d in cluster.step_dirs() if os.path.basename(d).startswith("%s." % job)]
+
+
+@pytest.mark.parametrize("option", ["mounts", "image", "workdir", "network", "checkpoint", "checkpoint-interval"])
+def test_a_step_that_cannot_start_says_why_exits_nonzero_and_leaves_nothing(cluster, workdir, option):
+    """Refused before the supervisor starts (an over-long option value: the shim's own limit)."""
+    result = cluster.srun("--sandbox-%s=%s" % (option, "/" + "a" * 5000), "-J", "too-long", "true", cwd=workdir)
+    assert result.returncode == 125, result.stderr
+    assert "--sandbox-%s" % option in result.stderr and "the step did not start" in result.stderr
+    assert "Plugin initialization failed" not in result.stderr
+    jobs = cluster.run(["squeue", "-h", "-a", "-t", "all", "-n", "too-long", "-o", "%A"]).stdout.split()
+    assert not [d for job in jobs for d in _step_dirs_of(cluster, job)]
+
+
+def test_a_batch_step_refused_by_the_supervisor_fails_the_job_with_the_reason(cluster, workdir):
+    result = cluster.run(["sbatch", "--parsable", "-o", "out.txt", "--sandbox-mounts=%s:/no/such/dir" % workdir,
+                          "--wrap", "touch ran"], cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    job = result.stdout.strip()
+    cluster.wait_for(lambda: cluster.run(["squeue", "-h", "-j", job, "-o", "%T"]).stdout.strip() in ("", "FAILED"),
+                     timeout=120, what="job %s to end" % job)
+    record = cluster.run(["scontrol", "-o", "show", "job", job]).stdout
+    assert "ExitCode=125:0" in record or not record, record
+    with open(os.path.join(workdir, "out.txt")) as handle:
+        output = handle.read()
+    assert "--sandbox-mounts" in output and "does not exist" in output
+    assert not os.path.exists(os.path.join(workdir, "ran"))
+    cluster.wait_for(lambda: not _step_dirs_of(cluster, job), what="job %s's step directories to go" % job)
+
+
+def test_each_step_incarnation_gets_its_own_root_made_directory_behind_a_root_alias(cluster, workdir):
+    import re
+    import stat
+    result = cluster.run(["sbatch", "--parsable", "--sandbox", "--wrap", "sleep 300"], cwd=workdir)
+    job = result.stdout.strip()
+    try:
+        alias = cluster.wait_for(lambda: [d for d in cluster.step_dirs() if os.path.basename(d) == "%s.batch" % job
+                                          and os.path.exists(os.path.join(d, "sandbox.json"))],
+                                 what="job %s's sandbox" % job)[0]
+        info = os.lstat(alias)
+        assert stat.S_ISLNK(info.st_mode) and info.st_uid == 0
+        target = os.readlink(alias)
+        assert re.fullmatch(r"%s\.batch\.r0-[0-9a-f]{12}" % job, target), target
+        real = os.path.join(os.path.dirname(alias), target)
+        info = os.lstat(real)
+        assert stat.S_ISDIR(info.st_mode) and info.st_uid == 0 and stat.S_IMODE(info.st_mode) == 0o710
+        parent = os.stat(os.path.dirname(real))
+        assert parent.st_uid == 0 and stat.S_IMODE(parent.st_mode) == 0o711  # no one else can create names
+        import json
+        with open(os.path.join(real, "sandbox.json")) as handle:
+            container = json.load(handle)["container"]
+        assert container == "slurmbox-" + target  # the container id carries the incarnation too
+        state_root = os.path.join(os.path.dirname(real), "runsc")
+        cluster.wait_for(lambda: os.path.isdir(state_root) and [n for n in os.listdir(state_root) if n == container
+                                                                or n.startswith(container + "_")],
+                         what="runsc state of %s" % container)
+    finally:
+        cluster.run(["scancel", job])
+    cluster.wait_for(lambda: not _step_dirs_of(cluster, job), what="job %s's step directory and alias to go" % job)
+
+
+SWAPPER = r"""
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+AT_FDCWD, RENAME_EXCHANGE = -100, 2
+a, b = sys.argv[1].encode(), sys.argv[2].encode()
+open(sys.argv[3], "w").close()  # started
+while not os.path.exists(sys.argv[4]):
+    libc.renameat2(AT_FDCWD, a, AT_FDCWD, b, RENAME_EXCHANGE)
+"""
+
+
+@pytest.mark.parametrize("kind", ["mounts", "cwd"])
+def test_swapping_a_path_for_a_symlink_never_mounts_what_the_user_cannot_read(cluster, workdir, kind):
+    """The red team's renameat2(RENAME_EXCHANGE) race on a mount source and on the working
+    directory (the image goes through the same user_paths.open_source and staging)."""
+    import pwd
+    import shutil
+    import tempfile
+    other = pwd.getpwnam("sbxother")
+    victim = tempfile.mkdtemp(prefix="slurmbox-victim-", dir="/tmp")
+    os.chmod(victim, 0o755)
+    private = os.path.join(victim, "home")
+    os.makedirs(os.path.join(private, "bin"))
+    for path in (os.path.join(private, "secret.txt"), os.path.join(private, "bin", "secret.txt")):
+        with open(path, "w") as handle:
+            handle.write("SECRET of sbxother\n")
+        os.chmod(path, 0o644)
+    os.chown(private, other.pw_uid, other.pw_gid)
+    os.chmod(private, 0o700)
+    mine = os.path.join(workdir, "d")
+    os.makedirs(os.path.join(mine, "bin"))
+    for path in (os.path.join(mine, "secret.txt"), os.path.join(mine, "bin", "secret.txt")):
+        with open(path, "w") as handle:
+            handle.write("mine\n")
+    subprocess.run(["chown", "-R", "sbxuser:sbxuser", mine], check=True)
+    link = os.path.join(workdir, "l")
+    os.symlink(private, link)
+    with open(os.path.join(workdir, "swap.py"), "w") as handle:
+        handle.write(SWAPPER)
+    started, stop = os.path.join(workdir, "started"), os.path.join(workdir, "stop")
+    swapper = subprocess.Popen(["/usr/sbin/runuser", "-u", "sbxuser", "--", "python3", os.path.join(workdir, "swap.py"),
+                                mine, link, started, stop])
+    try:
+        cluster.wait_for(lambda: os.path.exists(started) or swapper.poll() is not None, what="the swapper")
+        args = {"mounts": ["--sandbox-mounts=%s:/mnt:ro" % mine, "cat", "/mnt/secret.txt"],
+                "cwd": ["cat", "secret.txt"]}[kind]
+        outputs = []
+        for _ in range(12):
+            result = cluster.srun("--sandbox", *args, cwd=mine if kind == "cwd" else workdir)
+            outputs.append(result.stdout + result.stderr)
+        assert swapper.poll() is None, "the swapper stopped early"
+    finally:
+        open(stop, "w").close()
+        swapper.wait(timeout=30)
+        shutil.rmtree(victim, ignore_errors=True)
+    assert not [o for o in outputs if "SECRET" in o], outputs
+    assert [o for o in outputs if "mine" in o or "cannot" in o or "No such" in o or "Permission" in o]
+
+
+from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
+
+_FUZZ_OPTIONS = ["mounts", "image", "workdir", "network", "checkpoint", "checkpoint-interval", "dry-run"]
+_FUZZ_TEXT = st.lists(st.sampled_from(list("/:,=. -_\nxé*$\t") + ["..", "/etc", "/mnt", ":ro", ":rw", "host",
+                                                                   "sandbox", "none", "Partition=", "/dev"]),
+                      max_size=12).map("".join)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture],
+          derandomize=True)
+@given(option=st.sampled_from(_FUZZ_OPTIONS), value=_FUZZ_TEXT, name=_FUZZ_TEXT)
+def test_fuzzed_sandbox_options_and_job_names_are_refused_clearly_or_stay_inside(cluster, workdir, option, value,
+                                                                                  name):
+    host_release = os.uname().release
+    before_root, before_etc = sorted(os.listdir("/")), sorted(os.listdir("/etc"))
+    result = cluster.srun("-p", "secure", "-J", name or "x", "--sandbox-%s=%s" % (option, value), "uname", "-r",
+                          cwd=workdir, timeout=120)
+    assert "Traceback" not in result.stderr, result.stderr
+    assert host_release not in result.stdout.split(), (option, value, name, result.stdout)
+    if result.returncode != 0:
+        assert "slurmbox" in result.stderr or result.stderr.startswith("srun: "), result.stderr
+    assert sorted(os.listdir("/")) == before_root and sorted(os.listdir("/etc")) == before_etc
+    cluster.wait_for(lambda: not [d for d in cluster.step_dirs()], timeout=60, what="step directories to go")

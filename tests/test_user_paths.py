@@ -1,0 +1,152 @@
+"""sandbox/user_paths.py: a user's bind sources are opened with the user's own permissions
+and bound by descriptor, so renaming a path after the check changes nothing that is mounted.
+Root only (it takes other users' file identities); the mount tests run in a child process
+that enters its own mount namespace, so the node's mount table is never touched."""
+
+import os
+import pwd
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from slurmbox.sandbox import user_paths
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="takes other users' file identities; run as root")
+
+
+def _ids(name):
+    entry = pwd.getpwnam(name)
+    return entry.pw_uid, [entry.pw_gid]
+
+
+@pytest.fixture
+def tmp_path():
+    """A directory every user may traverse (pytest's own base directory is root's 0700)."""
+    import pathlib
+    import shutil
+    import tempfile
+    path = tempfile.mkdtemp(prefix="slurmbox-user-paths-", dir="/tmp")
+    os.chmod(path, 0o755)
+    yield pathlib.Path(path)
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def private_dir(tmp_path):
+    """A 0644 file in a directory only sbxother may enter (another user's home, in the attack)."""
+    uid, gids = _ids("sbxother")
+    secret_dir = tmp_path / "other-home"
+    secret_dir.mkdir()
+    (secret_dir / "secret.txt").write_text("other user's data\n")
+    os.chmod(secret_dir / "secret.txt", 0o644)
+    os.chown(secret_dir, uid, gids[0])
+    os.chmod(secret_dir, 0o700)
+    os.chmod(tmp_path, 0o755)
+    return secret_dir
+
+
+def test_a_path_through_a_directory_the_user_cannot_enter_is_refused(private_dir):
+    uid, gids = _ids("sbxuser")
+    with pytest.raises(user_paths.UserPathError, match="cannot open"):
+        user_paths.open_source(str(private_dir / "secret.txt"), uid, gids, write=False)
+    fd, _ = user_paths.open_source(str(private_dir / "secret.txt"), *_ids("sbxother"), write=False)
+    os.close(fd)
+
+
+def test_a_symlink_the_user_planted_is_followed_with_the_users_permissions(private_dir, tmp_path):
+    uid, gids = _ids("sbxuser")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    os.chown(mine, uid, gids[0])
+    os.symlink(str(private_dir), str(mine / "link"))
+    with pytest.raises(user_paths.UserPathError):
+        user_paths.open_source(str(mine / "link"), uid, gids, write=False)
+
+
+def test_write_needs_the_users_write_permission(tmp_path):
+    uid, gids = _ids("sbxuser")
+    readable = tmp_path / "readable"
+    readable.mkdir()
+    os.chmod(readable, 0o755)
+    fd, _ = user_paths.open_source(str(readable), uid, gids, write=False)
+    os.close(fd)
+    with pytest.raises(user_paths.UserPathError, match="may not write"):
+        user_paths.open_source(str(readable), uid, gids, write=True)
+    (readable / "f").write_text("x")
+    os.chmod(readable / "f", 0o644)
+    with pytest.raises(user_paths.UserPathError, match="may not write"):
+        user_paths.open_source(str(readable / "f"), uid, gids, write=True)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_pipes_and_device_nodes_are_refused_without_being_opened(tmp_path, kind):
+    path = tmp_path / kind
+    if kind == "fifo":
+        os.mkfifo(path, 0o666)  # opening it for reading would block: refused from O_PATH
+    else:
+        os.mknod(path, 0o666 | 0o020000, os.makedev(1, 5))  # /dev/zero's numbers
+    with pytest.raises(user_paths.UserPathError, match="neither a directory nor a regular file"):
+        user_paths.open_source(str(path), *_ids("sbxuser"), write=False)
+
+
+def test_the_user_identity_is_only_the_helper_threads():
+    uid, gids = _ids("sbxuser")
+    with pytest.raises(PermissionError):
+        user_paths.as_user(lambda: open("/etc/shadow").read(), uid, gids)
+    with open("/etc/shadow") as handle:  # this thread is still root
+        assert handle.read(1)
+
+
+def test_exists_as_user_does_not_reveal_files_in_unreadable_directories(private_dir):
+    target = private_dir / "tool"
+    target.write_text("#!/bin/sh\n")
+    os.chmod(target, 0o755)
+    assert user_paths.exists_as_user(str(target), *_ids("sbxother"))
+    assert not user_paths.exists_as_user(str(target), *_ids("sbxuser"))
+
+
+STAGING_CHILD = textwrap.dedent("""
+    import os, sys
+    from slurmbox.sandbox import user_paths
+    work, victim, uid, gid = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    user_paths.enter_private_mount_namespace()
+    step = os.path.join(work, "step")
+    os.mkdir(step, 0o700)
+    source = os.path.join(work, "data")
+    fd, _ = user_paths.open_source(source, uid, [gid], write=False)
+    # The attack: after root's check, the user swaps the checked directory for a symlink.
+    os.rename(source, os.path.join(work, "data.orig"))
+    os.symlink(victim, source)
+    staged = user_paths.Staging(step).stage(fd, read_only=True)
+    os.close(fd)
+    print(sorted(os.listdir(staged)))
+    try:
+        open(os.path.join(staged, "new"), "w")
+        print("writable")
+    except OSError:
+        print("read-only")
+    print(user_paths.remove_staging(step))
+    print(os.path.exists(os.path.join(work, "data.orig", "mine.txt")))
+""")
+
+
+def test_a_staged_bind_keeps_what_was_checked_after_the_path_is_swapped(tmp_path, private_dir):
+    uid, gids = _ids("sbxuser")
+    work = tmp_path / "work"
+    work.mkdir()
+    os.chown(work, uid, gids[0])
+    data = work / "data"
+    data.mkdir()
+    (data / "mine.txt").write_text("mine\n")
+    os.chown(data, uid, gids[0])
+    child = subprocess.run([sys.executable, "-c", STAGING_CHILD, str(work), str(private_dir), str(uid),
+                            str(gids[0])], capture_output=True, text=True, timeout=60)
+    assert child.returncode == 0, child.stderr
+    listing, writable, left, kept = child.stdout.splitlines()
+    assert listing == "['mine.txt']"  # the checked directory, not the victim's
+    assert writable == "read-only"
+    assert left == "[]"
+    assert kept == "True"  # removal never went into the user's files
+    assert not (work / "step" / "mounts").exists() or not os.listdir(work / "step" / "mounts")
