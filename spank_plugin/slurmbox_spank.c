@@ -3,12 +3,15 @@
  *
  * It registers the --sandbox* options and, in slurmstepd (remote context),
  * hands every decision to Python:
- *   - slurm_spank_init_post_opt: for a sandboxed step, create the step's
- *     runtime directory and the supervisor's listening socket (so tasks can
- *     connect before Python has started), then fork+exec the root-run
- *     supervisor (python -I -m slurmbox.sandbox.supervisor) with a clean
- *     environment and the options as arguments.
- *   - slurm_spank_task_init: put the launcher in front of the task's argv
+ *   - slurm_spank_init_post_opt: decide whether the step is sandboxed (from
+ *     the options and the partition slurmctld records), then start_supervisor:
+ *     create this incarnation's runtime directory and the supervisor's
+ *     listening socket (so tasks can connect before Python has started), then
+ *     fork+exec the root-run supervisor (python -I -m
+ *     slurmbox.sandbox.supervisor) with a clean environment and the options as
+ *     arguments. A failure is kept (refuse_step), not returned.
+ *   - slurm_spank_task_init: a refused step's tasks print the reason and exit
+ *     125; otherwise put the launcher in front of the task's argv
  *     (spank_prepend_task_argv on Slurm >= 23.11, argv[0] replacement before).
  *   - slurm_spank_exit: run the cleanup (python -I -m slurmbox.sandbox.cleanup)
  *     and wait for it, so nothing outlives the step.
