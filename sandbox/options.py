@@ -129,14 +129,36 @@ def parse_mounts(text):
     return mounts
 
 
+def source_problem(real_path, profile, runtime_dir=None):
+    """Why the host directory or file at ``real_path`` may not be bound into a sandbox, or None.
+
+    ``real_path``: the kernel's path of the inode the supervisor opened as the
+    user (``/proc/self/fd/N``), so no symlink or rename can change what is
+    judged; ``profile``: the step's compiled Profile (``allowed_mount_sources``);
+    ``runtime_dir``: slurmbox's runtime directory. Refused: ``/``, the
+    FORBIDDEN_MOUNT_SOURCES trees and the runtime directory, and anything outside
+    the profile's allowed sources when it lists any.
+    """
+    forbidden = FORBIDDEN_MOUNT_SOURCES + ((os.path.realpath(runtime_dir),) if runtime_dir else ())
+    if real_path == "/" or any(real_path == p or real_path.startswith(p + "/") for p in forbidden):
+        return ("%s is a system directory or slurmbox's runtime directory, which cannot be mounted into a "
+                "sandbox" % real_path)
+    allowed = getattr(profile, "allowed_mount_sources", None) or ()
+    if allowed and not any(real_path == prefix or real_path.startswith(prefix.rstrip("/") + "/")
+                           for prefix in allowed):
+        return "%s is outside the profile's allowed mount sources (%s)" % (real_path, ", ".join(allowed))
+    return None
+
+
 def resolve(options, policy, partition, partition_requires=False, runtime_dir=None):
     """Validate merged options (see merge_sources) against the site policy.
 
     ``policy``: a site_config.compiled.SitePolicy; ``partition``: the job's
-    partition name; ``runtime_dir``: slurmbox's runtime directory, refused as
-    a mount source like FORBIDDEN_MOUNT_SOURCES. Returns a SandboxRequest.
-    Raises OptionError naming the option and value for anything the user
-    must fix.
+    partition name; ``runtime_dir``: unused here (source_problem judges mount
+    sources once they are opened). Looks at no file: it runs as root, and
+    what root finds must never answer a user's question. Returns a
+    SandboxRequest. Raises OptionError naming the option and value for
+    anything the user must fix.
     """
     part = policy.partition(partition)
     if "no-sandbox" in options:
@@ -169,29 +191,14 @@ def resolve(options, policy, partition, partition_requires=False, runtime_dir=No
         image = options["image"]
         if not profile.allow_custom_image:
             raise OptionError("image", image, "profile %r does not allow custom images" % profile_name)
-        if not image.startswith("/") or not os.path.isdir(image):
-            raise OptionError("image", image, "not an existing directory (give the absolute path of a "
-                              "root file system directory)")
-        request.image = os.path.realpath(image)
+        if not image.startswith("/") or ".." in image.split("/"):
+            raise OptionError("image", image, "expected the absolute path of a root file system directory, "
+                              "without '..'")
+        request.image = os.path.normpath(image)
     if options.get("mounts"):
+        # Syntax only: the sources are judged by source_problem on what the supervisor opens
+        # as the user (sandbox/user_paths.py), never on a path root looked at before.
         request.mounts = parse_mounts(options["mounts"])
-        forbidden = FORBIDDEN_MOUNT_SOURCES + ((os.path.realpath(runtime_dir),) if runtime_dir else ())
-        resolved = []
-        for mount in request.mounts:
-            source = os.path.realpath(mount.source)  # judge and mount what a symlink points at
-            if source == "/" or any(source == p or source.startswith(p + "/") for p in forbidden):
-                raise OptionError("mounts", options["mounts"], "source %r is a system directory or slurmbox's "
-                                  "runtime directory, which cannot be mounted into a sandbox" % mount.source)
-            if not os.path.exists(source):
-                raise OptionError("mounts", options["mounts"], "source %r does not exist" % mount.source)
-            mount = Mount(source, mount.destination, mount.read_only)
-            resolved.append(mount)
-            if profile.allowed_mount_sources and not any(
-                    mount.source == prefix or mount.source.startswith(prefix.rstrip("/") + "/")
-                    for prefix in profile.allowed_mount_sources):
-                raise OptionError("mounts", options["mounts"], "source %r is outside the profile's allowed "
-                                  "mount sources (%s)" % (mount.source, ", ".join(profile.allowed_mount_sources)))
-        request.mounts = resolved
     if options.get("workdir"):
         workdir = options["workdir"]
         if not workdir.startswith("/") or ".." in workdir.split("/"):

@@ -110,6 +110,7 @@ class Supervisor:
         self.staging = user_paths.Staging(args.step_dir)  # binds of the user's paths (user_paths.py)
         self.staging_lock = threading.Lock()
         self.mount_namespace_error = None  # set by main() when the private mount namespace is missing
+        self.user_mounts = []       # the step's --sandbox-mounts as the user gave them (before staging)
 
     # -- preparation (once per step) -------------------------------------------------
     def prepare(self, task_env):
@@ -141,12 +142,13 @@ class Supervisor:
         if self.mount_namespace_error and (request.image or request.mounts):
             raise StepFailure("the supervisor has no private mount namespace (%s), so it cannot bind your paths "
                               "safely; ask the admin to check this node" % self.mount_namespace_error)
+        profile = policy.profiles[request.profile]
         if request.image:
-            staged = self._stage_image(request.image, groups, request.dry_run)
+            staged = self._stage_image(request.image, groups, request.dry_run, profile)
             request = dataclasses.replace(request, image_bind=staged)
         if request.mounts:
-            request = dataclasses.replace(request, mounts=self._stage_mounts(request, groups))
-        profile = policy.profiles[request.profile]
+            self.user_mounts = list(request.mounts)
+            request = dataclasses.replace(request, mounts=self._stage_mounts(request, groups, profile))
         self.profile = profile
         runsc_path = runsc.find_runsc()
         caps = runsc.capabilities(runsc_path, self.node_dir)
@@ -160,7 +162,15 @@ class Supervisor:
     def _user_gids(self, groups):
         return [self.args.gid] + [g for g in groups if g != self.args.gid]
 
-    def _stage_image(self, image, groups, dry_run):
+    def _opened_source_problem(self, fd, profile):
+        """Why the inode behind ``fd`` (opened as the user) may not be bound, or None: judged on the
+        descriptor (its file system type and the kernel's path of it), never on the name given."""
+        pseudo = user_paths.pseudo_filesystem(fd)
+        if pseudo:
+            return "it is on the kernel's %s file system, which cannot be mounted into a sandbox" % pseudo
+        return options.source_problem(user_paths.opened_path(fd), profile, self.args.runtime_dir)
+
+    def _stage_image(self, image, groups, dry_run, profile):
         """The user's image directory, opened as the user and bound into the staging directory
         (its path; ``image`` itself for a dry run, which starts nothing)."""
         try:
@@ -168,6 +178,9 @@ class Supervisor:
         except user_paths.UserPathError as err:
             raise options.OptionError("image", image, str(err))
         try:
+            problem = self._opened_source_problem(fd, None)
+            if problem:
+                raise options.OptionError("image", image, problem)
             if not stat.S_ISDIR(info.st_mode):
                 raise options.OptionError("image", image, "the image must be a directory (the root file system)")
             if dry_run:
@@ -177,7 +190,7 @@ class Supervisor:
         finally:
             os.close(fd)
 
-    def _stage_mounts(self, request, groups):
+    def _stage_mounts(self, request, groups, profile):
         """request.mounts with each source opened as the user, checked on its descriptor, and
         replaced by its staging bind (list of options.Mount). Raises options.OptionError."""
         device_inodes = self._device_directory_inodes()
@@ -190,11 +203,13 @@ class Supervisor:
             except user_paths.UserPathError as err:
                 raise options.OptionError("mounts", name, str(err))
             try:
+                problem = self._opened_source_problem(fd, profile)
+                if problem:
+                    raise options.OptionError("mounts", name, problem)
                 if (info.st_dev, info.st_ino) in device_inodes:
                     raise options.OptionError("mounts", name, "the source holds this node's accelerator device files "
                                               "(gres.conf); devices come only from the step's allocation")
-                problem = bundle.mount_point_problem(request.image_bind or "/", mount.destination,
-                                                     stat.S_ISDIR(info.st_mode))
+                problem = self._mount_point_problem(request, mount.destination, stat.S_ISDIR(info.st_mode), groups)
                 if problem:
                     raise options.OptionError("mounts", name, problem)
                 if request.dry_run:
@@ -206,6 +221,45 @@ class Supervisor:
                 os.close(fd)
             staged.append(options.Mount(source=source, destination=mount.destination, read_only=mount.read_only))
         return staged
+
+    def _mount_point_problem(self, request, destination, source_is_dir, groups):
+        """bundle.mount_point_problem for this step's root: the node's root is looked at as the user
+        (root's answer would say what exists where the user cannot look); a staged image, whose
+        root the user cannot rename, as root without following any symlink."""
+        if request.image_bind:
+            return bundle.mount_point_problem(request.image_bind, destination, source_is_dir)
+        return user_paths.as_user(lambda: bundle.mount_point_problem("/", destination, source_is_dir),
+                                  self.args.uid, self._user_gids(groups))
+
+    def _workdir_problem(self, workdir, request, task_cwd, groups):
+        """Why ``--sandbox-workdir`` names no directory inside this sandbox, or None, without ever
+        asking the node as root: /tmp and /dev/shm are the sandbox's own; under a bind (a mount
+        destination or the working directory) the user's source is looked at as the user; under
+        a directory the sandbox hides, nothing exists; elsewhere on the node's root, as the user."""
+        def under(path, top):
+            return path == top or path.startswith(top.rstrip("/") + "/")
+
+        if under(workdir, "/tmp") or under(workdir, "/dev/shm"):
+            return None
+        binds = [(m.destination, m.source) for m in self.user_mounts]
+        if task_cwd != "/":
+            binds.append((task_cwd, task_cwd))
+        covering = [b for b in binds if under(workdir, b[0])]
+        gids = self._user_gids(groups)
+        if covering:
+            destination, source = max(covering, key=lambda b: len(b[0]))
+            host = source + workdir[len(destination.rstrip("/")):]
+            found = user_paths.enterable_as_user(host, self.args.uid, gids)
+        elif request.image:
+            return None  # inside the user's own image: runsc resolves it there
+        elif any(under(workdir, d) for d in bundle.MASKED_HOST_DIRS):
+            found = workdir in bundle.MASKED_HOST_DIRS  # hidden: an empty directory inside
+        else:
+            found = user_paths.enterable_as_user(workdir, self.args.uid, gids)
+        if found:
+            return None
+        return ("%s is not a directory inside the sandbox; use /tmp, a mount destination or the working "
+                "directory" % workdir)
 
     def _device_directory_inodes(self):
         """(st_dev, st_ino) of each directory holding this node's gres.conf device files and of
@@ -328,6 +382,10 @@ class Supervisor:
         root = request.image_bind or "/"
         task_cwd = self._peer_cwd(peer_pid, groups)
         cwd = request.workdir or task_cwd
+        if request.workdir:
+            problem = self._workdir_problem(request.workdir, request, task_cwd, groups)
+            if problem:
+                raise StepFailure(str(options.OptionError("workdir", request.workdir, problem)))
         try:
             argv = list(message["argv"])
             # As the user: root's answer would tell whether a file exists in a directory they cannot read.
@@ -446,6 +504,9 @@ class Supervisor:
         except user_paths.UserPathError as err:
             raise StepFailure("cannot use the working directory: %s" % err)
         try:
+            problem = self._opened_source_problem(fd, None)
+            if problem:
+                raise StepFailure("cannot use the working directory %s: %s" % (task_cwd, problem))
             if not stat.S_ISDIR(info.st_mode):
                 raise StepFailure("the working directory %s is not a directory" % task_cwd)
             read_only = not user_paths.write_allowed(info, self.args.uid, self._user_gids(groups))

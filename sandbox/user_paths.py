@@ -137,16 +137,42 @@ def open_source(path, uid, gids, write):
     return fd, info
 
 
-def exists_as_user(path, uid, gids):
-    """True when ``path`` is an executable regular file for the user (``os.access`` in a
-    thread with the user's file identity: the answer is the user's own, so root never
-    reveals what lies in a directory the user cannot read)."""
+#: statfs(2) f_type of kernel interface file systems (linux/magic.h): never bound, whatever the path says.
+PSEUDO_FILESYSTEMS = {0x9fa0: "proc", 0x62656572: "sysfs", 0x1cd1: "devpts", 0x27e0eb: "cgroup",
+                      0x63677270: "cgroup2", 0x73636673: "securityfs", 0x64626720: "debugfs",
+                      0x74726163: "tracefs", 0xcafe4a11: "bpf", 0x19800202: "mqueue", 0x62656570: "configfs",
+                      0x65735543: "fusectl", 0xde5e81e4: "efivarfs", 0x42494e4d: "binfmt_misc",
+                      0x6165676c: "pstore", 0x958458f6: "hugetlbfs", 0x0187: "autofs", 0x1373: "devfs",
+                      0x50495045: "pipefs", 0x534f434b: "sockfs", 0x6e736673: "nsfs"}
+
+
+class _StatFs(ctypes.Structure):
+    # struct statfs (bits/statfs.h, 64-bit Linux): only f_type is read; the rest is room.
+    _fields_ = [("f_type", ctypes.c_long), ("rest", ctypes.c_byte * 112)]
+
+
+def pseudo_filesystem(fd):
+    """Name of the kernel interface file system ``fd`` lies on (``proc``, ``sysfs``...), or None."""
+    buf = _StatFs()
+    if _libc.fstatfs(fd, ctypes.byref(buf)) != 0:
+        raise _errno_error("fstatfs")
+    return PSEUDO_FILESYSTEMS.get(buf.f_type & 0xffffffff)
+
+
+def opened_path(fd):
+    """The kernel's path of the file ``fd`` refers to (``/proc/self/fd/N``): what was really opened."""
+    return os.readlink("/proc/self/fd/%d" % fd)
+
+
+def enterable_as_user(path, uid, gids):
+    """True when the user could ``cd`` into the directory ``path``: ``path/.`` resolves with
+    the user's file identity (resolving a name inside a directory needs its search permission)."""
     def check():
         try:
-            info = os.stat(path)
+            os.close(os.open(os.path.join(path, "."), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC))
+            return True
         except OSError:
             return False
-        return stat.S_ISREG(info.st_mode) and bool(info.st_mode & 0o111)
     return as_user(check, uid, gids)
 
 

@@ -358,3 +358,51 @@ def test_fuzzed_sandbox_options_and_job_names_are_refused_clearly_or_stay_inside
         assert "slurmbox" in result.stderr or result.stderr.startswith("srun: "), result.stderr
     assert sorted(os.listdir("/")) == before_root and sorted(os.listdir("/etc")) == before_etc
     cluster.wait_for(lambda: not [d for d in cluster.step_dirs()], timeout=60, what="step directories to go")
+
+
+@pytest.mark.parametrize("target", ["/proc", "/sys", "/dev/pts", "/proc/self"])
+def test_a_symlink_to_a_kernel_file_system_is_refused_on_what_was_opened(cluster, workdir, target):
+    """The red team bound the node's /proc by swapping the source between root's check and the
+    open; a plain symlink is the same input without the race (the check is on the descriptor)."""
+    link = os.path.join(workdir, "src")
+    os.symlink(target, link)
+    result = cluster.srun("-p", "secure", "--sandbox-mounts=%s:/mnt:ro" % link, "cat", "/mnt/kallsyms",
+                          cwd=workdir)
+    assert result.returncode != 0
+    assert "--sandbox-mounts" in result.stderr and ("kernel's" in result.stderr or "system directory" in
+                                                    result.stderr), result.stderr
+
+
+@pytest.mark.parametrize("option, hidden, missing", [
+    ("mounts", "{private}/secret.txt:/mnt/x", "{private}/nothing.txt:/mnt/x"),
+    ("image", "{private}/sub", "{private}/nothing"),
+    ("workdir", "{private}/sub", "{private}/nothing"),
+    ("workdir", "/etc/ssl/private", "/etc/ssl/private/nothing"),  # root:ssl-cert 0710 on Debian
+])
+def test_refusals_never_tell_whether_a_path_the_user_cannot_search_exists(cluster, workdir, option, hidden,
+                                                                         missing):
+    import shutil
+    import tempfile
+    import pwd
+    other = pwd.getpwnam("sbxother")
+    base = tempfile.mkdtemp(prefix="slurmbox-probe-", dir="/tmp")
+    os.chmod(base, 0o755)
+    private = os.path.join(base, "private")
+    os.makedirs(os.path.join(private, "sub"))
+    with open(os.path.join(private, "secret.txt"), "w") as handle:
+        handle.write("SECRET\n")
+    os.chown(private, other.pw_uid, other.pw_gid)
+    os.chmod(private, 0o700)
+    os.makedirs(os.path.join(workdir, "d"))
+    subprocess.run(["chown", "-R", "sbxuser:sbxuser", os.path.join(workdir, "d")], check=True)
+    try:
+        answers = []
+        for value in (hidden, missing):
+            value = value.format(private=private, work=workdir)
+            result = cluster.srun("--sandbox", "--sandbox-%s=%s" % (option, value), "true", cwd=workdir)
+            assert result.returncode != 0, (value, result.stderr)
+            answers.append(result.stderr.replace(value, "VALUE").replace("nothing.txt", "secret.txt"))
+        assert answers[0] == answers[1], answers
+        assert "SECRET" not in answers[0]
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

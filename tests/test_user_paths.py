@@ -99,12 +99,11 @@ def test_the_user_identity_is_only_the_helper_threads():
         assert handle.read(1)
 
 
-def test_exists_as_user_does_not_reveal_files_in_unreadable_directories(private_dir):
-    target = private_dir / "tool"
-    target.write_text("#!/bin/sh\n")
-    os.chmod(target, 0o755)
-    assert user_paths.exists_as_user(str(target), *_ids("sbxother"))
-    assert not user_paths.exists_as_user(str(target), *_ids("sbxuser"))
+def test_enterable_as_user_answers_with_the_users_search_permission(private_dir):
+    (private_dir / "sub").mkdir()
+    assert user_paths.enterable_as_user(str(private_dir / "sub"), *_ids("sbxother"))
+    assert not user_paths.enterable_as_user(str(private_dir / "sub"), *_ids("sbxuser"))
+    assert not user_paths.enterable_as_user(str(private_dir), *_ids("sbxuser"))  # 0700: stat works, cd does not
 
 
 STAGING_CHILD = textwrap.dedent("""
@@ -150,3 +149,25 @@ def test_a_staged_bind_keeps_what_was_checked_after_the_path_is_swapped(tmp_path
     assert left == "[]"
     assert kept == "True"  # removal never went into the user's files
     assert not (work / "step" / "mounts").exists() or not os.listdir(work / "step" / "mounts")
+
+
+def test_the_opened_descriptor_tells_its_file_system_and_real_path(tmp_path):
+    """What a symlink swap cannot fake: the kernel's answers about the opened inode."""
+    os.symlink("/proc", str(tmp_path / "looks-harmless"))
+    fd, _ = user_paths.open_source(str(tmp_path / "looks-harmless"), *_ids("sbxuser"), write=False)
+    try:
+        assert user_paths.pseudo_filesystem(fd) == "proc"
+        assert user_paths.opened_path(fd) == "/proc"
+    finally:
+        os.close(fd)
+    fd, _ = user_paths.open_source(str(tmp_path), *_ids("sbxuser"), write=False)
+    try:
+        assert user_paths.pseudo_filesystem(fd) is None
+        assert user_paths.opened_path(fd) == str(tmp_path)
+    finally:
+        os.close(fd)
+    sysfs = os.open("/sys", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert user_paths.pseudo_filesystem(sysfs) == "sysfs"
+    finally:
+        os.close(sysfs)
