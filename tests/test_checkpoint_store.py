@@ -437,8 +437,8 @@ def test_step_start_binds_cuda_checkpoint_or_refuses_saying_what_is_wrong(tmp_pa
     """The supervisor's glue: a transparent GPU sandbox on a runsc with --cuda-checkpoint-path gets that flag and
     the node's binary to bind, or is refused (the user asked for transparent) saying why."""
     import types
-    from slurmbox.sandbox.supervisor import StepFailure, Supervisor
-    from slurmbox.site_config.compiled import CheckpointStore as StoreSettings, SitePolicy
+    from slurmbox.step.supervisor import StepFailure, Supervisor
+    from slurmbox.settings.compiled import CheckpointStore as StoreSettings, SitePolicy
 
     runsc = tmp_path / "runsc"  # answers --help (and --version) as gVisor 2026 would
     runsc.write_text("#!/bin/sh\ncase \"$*\" in *--version*) echo 'runsc version release-20260817.0';; "

@@ -17,7 +17,7 @@ from slurmbox.doctor.node_checks import cgroup_layout, check_checkpoint_store, c
 from slurmbox.doctor.report import FAIL, JSON_SCHEMA, NOT_PRESENT, PASS, WARN, Check, report
 from slurmbox.doctor.run import run_checks
 from slurmbox.doctor.runtime_checks import check_device_proxy, release_date
-from slurmbox.site_config.model import load_site_file
+from slurmbox.settings.model import load_site_file
 
 SAMPLES = "/work/shared/samples"
 EXAMPLES_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "site-configs")
@@ -393,7 +393,7 @@ def test_gres_conf_with_bytes_that_are_not_utf8_is_read_like_slurm_reads_it(tmp_
 
 
 def test_plugstack_settings_read_files_with_bytes_that_are_not_utf8(tmp_path):
-    from slurmbox.spank_plugin.plugstack import slurmbox_settings
+    from slurmbox.settings.plugstack import slurmbox_settings
     (tmp_path / "slurm.conf").write_bytes(b"# caf\xe9\nClusterName=x\n")
     (tmp_path / "plugstack.conf").write_bytes(b"# \xff\nrequired /opt/slurmbox/slurmbox_spank.so runtime_dir=/run/x\n")
     settings = slurmbox_settings(str(tmp_path / "slurm.conf"))

@@ -170,7 +170,7 @@ def test_missing_gres_conf_fails_where_the_site_gives_the_node_accelerators(tmp_
 
     from slurmbox.doctor.context import GresLine, gather
     from slurmbox.doctor.device_checks import check_gres
-    from slurmbox.site_config.model import load_site_file
+    from slurmbox.settings.model import load_site_file
 
     examples = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "site-configs")
     hgx = os.path.join(examples, "hgx-h100-h200-spot.yaml")

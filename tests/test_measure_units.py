@@ -214,7 +214,7 @@ def test_policy_reads_measurement_fields_with_defaults(monkeypatch, tmp_path):
     site.write_text("x: 1\n")
     fake = types.SimpleNamespace(measurement=types.SimpleNamespace(harness_cpus="0", sandbox_cpus=[1, 2],
                                                                    clock_policy="locked"))
-    import slurmbox.site_config.compiled as compiled
+    import slurmbox.settings.compiled as compiled
     monkeypatch.setattr(compiled, "load_policy", lambda path, cache: fake)
     loaded = policy.load(str(site), str(tmp_path))
     assert loaded["harness_cpus"] == {0} and loaded["sandbox_cpus"] == {1, 2}

@@ -17,8 +17,8 @@ import uuid
 import pytest
 import yaml
 
-from slurmbox.site_config.model import SiteLoader, load_site, load_site_file
-from slurmbox.site_config.render import FILE_NAMES, render_site
+from slurmbox.settings.model import SiteLoader, load_site, load_site_file
+from slurmbox.settings.render import FILE_NAMES, render_site
 
 EXAMPLES_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "site-configs")
 EXAMPLES = sorted(name for name in os.listdir(EXAMPLES_DIR) if name.endswith(".yaml"))
@@ -81,7 +81,7 @@ def test_render_header_names_the_source_bytes():
 
 
 def test_topology_conf_is_checked_against_the_site_and_selects_the_plugin():
-    from slurmbox.site_config.render import RenderError
+    from slurmbox.settings.render import RenderError
     site = load_site_file(HGX)
     raw = open(HGX, "rb").read()
     tree = "SwitchName=leaf1 Nodes=hgx-h100-[001-032]\nSwitchName=leaf2 Nodes=hgx-h100-[033-064],hgx-h200-[001-032]\n"
@@ -108,7 +108,7 @@ def test_cli_render_refuses_invalid_input_with_exit_2(tmp_path):
 
 
 def test_render_writes_through_no_planted_symlink_and_refuses_a_directory_others_can_change(tmp_path):
-    from slurmbox.site_config.render import RenderError, write_files
+    from slurmbox.settings.render import RenderError, write_files
     out = tmp_path / "out"
     out.mkdir(mode=0o700)
     victim = tmp_path / "victim"

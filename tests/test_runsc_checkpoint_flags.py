@@ -129,7 +129,7 @@ def test_store_accepts_exactly_the_runsc_compressions(tmp_path):
 def test_site_model_accepts_flate_best_speed_and_refuses_others():
     from pydantic import ValidationError
 
-    from slurmbox.site_config.model import CheckpointStoreModel
+    from slurmbox.settings.model import CheckpointStoreModel
 
     assert CheckpointStoreModel(compression="flate-best-speed").compression == "flate-best-speed"
     assert CheckpointStoreModel().compression == "none"

@@ -9,7 +9,7 @@ import sys
 import pytest
 import yaml
 
-from slurmbox.site_config.model import compile_site, load_site_file
+from slurmbox.settings.model import compile_site, load_site_file
 
 EXAMPLES_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "site-configs")
 EXAMPLES = sorted(name for name in os.listdir(EXAMPLES_DIR) if name.endswith(".yaml"))
@@ -124,7 +124,7 @@ def test_dev_cluster_up_boots_from_rendered_files(tmp_path, monkeypatch):
     from slurmbox.cli.main import cli
     from slurmbox.dev_cluster import cluster as cluster_module
 
-    from slurmbox.site_config.model import SiteLoader
+    from slurmbox.settings.model import SiteLoader
 
     example = yaml.load(open(os.path.join(EXAMPLES_DIR, "mi300x-rocm.yaml")).read(), Loader=SiteLoader)
     group = next(iter(example["node_groups"].values()))
@@ -167,7 +167,7 @@ def test_dev_cluster_up_boots_from_rendered_files(tmp_path, monkeypatch):
     refused = CliRunner().invoke(cli, ["dev-cluster", "up", "--rendered", str(shipped), "--dir", str(tmp_path / "c")])
     assert refused.exit_code != 0 and "do not fit this dev cluster" in refused.output, refused.output
     assert "names node(s) mi300x-01" in refused.output and "name the site's nodes n1..n2" in refused.output
-    assert "set slurmbox.site_config: %s" % (tmp_path / "c" / "etc" / "site.yaml") in refused.output
+    assert "set slurmbox.settings: %s" % (tmp_path / "c" / "etc" / "site.yaml") in refused.output
     assert "set slurmbox.runtime_dir:" in refused.output
 
     (out / "slurm-nodes.conf").unlink()

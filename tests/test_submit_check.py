@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from slurmbox.site_config.compiled import PartitionPolicy, SitePolicy
+from slurmbox.settings.compiled import PartitionPolicy, SitePolicy
 from slurmbox.spank_plugin import submit_check as sc
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "runsc")
@@ -268,7 +268,7 @@ def test_without_runsc_on_the_submit_host_nvidia_jobs_are_left_to_the_step_start
 
 
 def test_compiled_site_policy_carries_the_partitions_accelerator_vendors():
-    from slurmbox.site_config.model import compile_policy
+    from slurmbox.settings.model import compile_policy
 
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "site-configs",
                         "mixed-h200-mi300x-cpu.yaml")
@@ -281,7 +281,7 @@ def test_compiled_site_policy_carries_the_partitions_accelerator_vendors():
 
 def test_submit_check_module_does_not_import_pydantic():
     code = ("import sys; import slurmbox.spank_plugin.submit_check as m; import slurmbox.migrate.policy; "
-            "import slurmbox.site_config.compiled; print('pydantic' in sys.modules)")
+            "import slurmbox.settings.compiled; print('pydantic' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

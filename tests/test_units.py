@@ -6,8 +6,8 @@ import socket
 import pytest
 
 from slurmbox.sandbox import bundle, devices, options
-from slurmbox.sandbox.launcher import recv_frame, send_frame
-from slurmbox.sandbox.supervisor import decode_status
+from slurmbox.sandbox.framing import recv_frame, send_frame
+from slurmbox.step.supervisor import decode_status
 
 
 
@@ -39,7 +39,7 @@ def test_command_line_wins_over_environment_and_null_means_no_value():
 
 
 def _policy(text):
-    from slurmbox.site_config.model import compile_policy
+    from slurmbox.settings.model import compile_policy
     return compile_policy(text)
 
 
@@ -231,7 +231,7 @@ def test_source_problem_refuses_system_trees_the_runtime_and_sources_outside_the
 
 
 def test_broker_keeps_loader_variables_and_foreign_job_ids_away_from_srun():
-    from slurmbox.sandbox.step_broker import StepBroker
+    from slurmbox.step.step_broker import StepBroker
     broker = StepBroker("/nonexistent", 1000, 1000, [], (0, 1, 2), "/", "/etc/slurm/slurm.conf", "42")
     env = broker._environment({"LD_PRELOAD": "/x.so", "LD_LIBRARY_PATH": "/x", "GCONV_PATH": "/x",
                                "SLURM_JOB_ID": "7", "SLURM_CONF": "/evil", "SLURMBOX_SANDBOX": "0",
@@ -245,7 +245,7 @@ def test_broker_keeps_loader_variables_and_foreign_job_ids_away_from_srun():
 def test_launcher_leaves_as_the_sandboxed_process_left(result, expected):
     import subprocess
     import sys
-    code = "from slurmbox.sandbox.launcher import _exit_like; _exit_like(%r)" % (result,)
+    code = "from slurmbox.step.launcher import _exit_like; _exit_like(%r)" % (result,)
     assert subprocess.run([sys.executable, "-c", code], timeout=30).returncode == expected
 
 

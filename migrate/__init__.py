@@ -1,1 +1,0 @@
-"""Checkpoint, requeue and restore of sandboxes on preemption and spot reclaim (planned)."""

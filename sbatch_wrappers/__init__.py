@@ -1,1 +1,0 @@
-"""Ready-made sbatch scripts and wrappers for sandboxed jobs."""

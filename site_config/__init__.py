@@ -1,2 +1,0 @@
-"""Site configuration: the pydantic model admins write (``model``) and the
-compiled, standard-library-only form the step start path reads (``compiled``)."""

@@ -1,0 +1,1 @@
+"""Checkpoint, requeue and restore of sandboxes on preemption, spot reclaim and maintenance."""
