@@ -1,6 +1,6 @@
 """The site's measurement policy (``SitePolicy.measurement`` in the compiled site policy).
 
-Fields (site_config's MeasurementPolicy): ``exclusive_gpus`` (bool),
+Fields (settings.compiled.MeasurementPolicy): ``exclusive_gpus`` (bool),
 ``clock_policy`` ("default" | "locked"), ``locked_sm_clock_mhz`` (int or
 None), ``harness_cpus`` and ``sandbox_cpus`` (cpulist strings such as "0" or
 "1-3", or lists of ints). Every field is read with a default so a site

@@ -153,7 +153,7 @@ def source_problem(real_path, profile, runtime_dir=None):
 def resolve(options, policy, partition, partition_requires=False, runtime_dir=None):
     """Validate merged options (see merge_sources) against the site policy.
 
-    ``policy``: a site_config.compiled.SitePolicy; ``partition``: the job's
+    ``policy``: a settings.compiled.SitePolicy; ``partition``: the job's
     partition name; ``runtime_dir``: unused here (source_problem judges mount
     sources once they are opened). Looks at no file: it runs as root, and
     what root finds must never answer a user's question. Returns a
