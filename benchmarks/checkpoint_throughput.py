@@ -45,6 +45,8 @@ import sys
 import tempfile
 import time
 
+from slurmbox.sandbox import runsc
+
 from polling import became_true, wait_until  # benchmarks/polling.py, beside this script
 
 HOLDER = ("import random, sys, time\n"
@@ -116,8 +118,7 @@ def one_sandbox(prefix, work, store, megabytes, index, direct=None):
     bundle = os.path.join(work, "bundle-%d" % megabytes)
     spec = write_bundle(bundle, megabytes)
     cid = "bench-%d-%d-%d" % (os.getpid(), megabytes, index)
-    proc = subprocess.Popen(prefix + ["run", "--bundle", bundle, cid], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, stdin=subprocess.PIPE)
+    proc = runsc.spawn(prefix + ["run", "--bundle", bundle, cid])
     try:
         if proc.stdout.readline().strip() != b"ready":
             raise RuntimeError("the benchmark sandbox did not start: %s" % proc.stderr.read().decode()[-500:])
@@ -127,7 +128,7 @@ def one_sandbox(prefix, work, store, megabytes, index, direct=None):
                                            cache_dir=os.path.join(work, "state"), direct=direct)
         checkpoint_s = time.perf_counter() - start
         proc.wait(timeout=60)
-        subprocess.run(prefix + ["delete", "--force", cid], capture_output=True)
+        runsc.delete(prefix, cid)
         image = sum(f["size"] for f in ckpt.manifest["files"])
         for entry in ckpt.manifest["files"]:
             evict(os.path.join(ckpt.path, entry["name"]))
@@ -140,16 +141,17 @@ def one_sandbox(prefix, work, store, megabytes, index, direct=None):
         # Detached: runsc returns once the sandbox runs. Its stdio goes to a file of ours (never
         # /dev/null, which runsc would re-own; never a pipe, which the sandbox would keep open).
         with open(os.path.join(work, "restore-%d.log" % megabytes), "w+") as log:
-            restored = subprocess.run(prefix + ["restore", "--detach", *flags, "--image-path", ckpt.path,
-                                                "--bundle", bundle, cid], stdin=log, stdout=log, stderr=log)
+            restored = runsc.spawn(prefix + ["restore", "--detach", *flags, "--image-path", ckpt.path,
+                                             "--bundle", bundle, cid], stdin=log, stdout=log, stderr=log)
+            restored.wait()
             restore_s = time.perf_counter() - start
             log.seek(0)
             if restored.returncode != 0:
                 raise RuntimeError("runsc restore failed: %s" % log.read()[-500:])
         return checkpoint_s, runsc_s, restore_s, verify_s, image, ckpt.manifest["runsc"]
     finally:
-        subprocess.run(prefix + ["kill", cid, "KILL"], capture_output=True)
-        subprocess.run(prefix + ["delete", "--force", cid], capture_output=True)
+        runsc.kill(prefix, cid, "KILL")
+        runsc.delete(prefix, cid)
         if proc.poll() is None:
             proc.kill()
             proc.wait()
@@ -259,8 +261,7 @@ def resume_check(binary=None, directory="/var/tmp", compression="none", restore_
         # stdin: a pipe of ours. runsc re-owns the stdio it is given to the sandbox's user,
         # so it must never get /dev/null.
         with open(out, "a") as log:
-            procs.append(subprocess.Popen(prefix + ["run", "--bundle", bundle, cid], stdin=subprocess.PIPE, stdout=log,
-                                          stderr=subprocess.PIPE))
+            procs.append(runsc.spawn(prefix + ["run", "--bundle", bundle, cid], stdout=log))
             if not wait_lines(20):
                 why = procs[0].stderr.read().decode()[-300:] if procs[0].poll() is not None else "no output"
                 return {"ok": False, "lines": 0, "message": "the counter did not start: %s" % why}
@@ -268,11 +269,10 @@ def resume_check(binary=None, directory="/var/tmp", compression="none", restore_
                                              {"node": "bench", "reason": "resume-check"}, spec,
                                              cache_dir=os.path.join(work, "state"))
             procs[0].wait(timeout=60)
-            subprocess.run(prefix + ["delete", "--force", cid], capture_output=True)
+            runsc.delete(prefix, cid)
             seen = len(lines())
             version_check = restore_problem(ckpt.manifest, checkpoint_features(restore_prefix[0]))
-            procs.append(subprocess.Popen(restore_argv(restore_prefix, ckpt.path, bundle, cid), stdin=subprocess.PIPE,
-                                          stdout=log, stderr=subprocess.PIPE))
+            procs.append(runsc.spawn(restore_argv(restore_prefix, ckpt.path, bundle, cid), stdout=log))
             resumed = wait_lines(seen + 20, timeout=30)
         numbers = lines()
         if not resumed:
@@ -292,8 +292,8 @@ def resume_check(binary=None, directory="/var/tmp", compression="none", restore_
                 % (seen, len(numbers) - seen), "manifest_runsc": ckpt.manifest["runsc"]}
     finally:
         for pre in (prefix, restore_prefix):
-            subprocess.run(pre + ["kill", cid, "KILL"], capture_output=True)
-            subprocess.run(pre + ["delete", "--force", cid], capture_output=True)
+            runsc.kill(pre, cid, "KILL")
+            runsc.delete(pre, cid)
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()

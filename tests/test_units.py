@@ -307,3 +307,41 @@ def test_bind_destinations_must_exist_in_the_root_as_the_same_kind_without_symli
     assert "the source is a directory" in bundle.mount_point_problem(str(root), "/etc/hosts", True)
     assert "the source is not a directory" in bundle.mount_point_problem(str(root), "/mnt", False)
     assert bundle.mount_point_problem("/", "/etc/slurmbox-never-created-%d" % os.getpid(), False) is not None
+
+
+def test_the_installed_launcher_is_one_file_that_needs_nothing_of_slurmbox(tmp_path):
+    """It runs with ``python -IS`` (no site packages): framing.py is inlined at install."""
+    import subprocess
+    import sys
+
+    from slurmbox.spank_plugin.install import install_launcher
+    path = install_launcher(str(tmp_path / "slurmbox-launch"), python=sys.executable)
+    with open(path) as handle:
+        text = handle.read()
+    assert "import slurmbox" not in text and "from slurmbox" not in text
+    result = subprocess.run([path, "true"], capture_output=True, text=True, env={}, cwd=str(tmp_path))
+    assert result.returncode == 125
+    assert "outside a sandboxed Slurm step" in result.stderr
+
+
+def test_the_runsc_door_gives_runsc_pipes_and_builds_each_verb(tmp_path):
+    """runsc re-owns the stdio it is given: every call through sandbox.runsc gets pipes."""
+    from slurmbox.sandbox import runsc
+    fake = tmp_path / "runsc"
+    log = tmp_path / "calls"
+    fake.write_text("#!/bin/sh\n"
+                    "if [ -p /dev/stdin ]; then kind=pipe; else kind=other; fi\n"
+                    "echo \"$kind $*\" >> %s\n"
+                    "case \"$*\" in *state*) echo '{\"status\": \"running\", \"pid\": 7}';; esac\n" % log)
+    fake.chmod(0o755)
+    prefix = [str(fake), "--root", "/r"]
+    runsc.kill(prefix, "c1", 9, pid=4)
+    runsc.kill(prefix, "c1", "KILL", all_processes=True)
+    runsc.delete(prefix, "c1")
+    assert runsc.state(prefix, "c1") == {"status": "running", "pid": 7}
+    proc = runsc.spawn(prefix + ["run", "--bundle", "/b", "c1"])
+    proc.communicate()
+    assert runsc.help_text(str(fake), "--version") == ""
+    assert log.read_text().splitlines() == [
+        "pipe --root /r kill --pid 4 c1 9", "pipe --root /r kill --all c1 KILL", "pipe --root /r delete --force c1",
+        "pipe --root /r state c1", "pipe --root /r run --bundle /b c1", "pipe --version"]

@@ -129,10 +129,9 @@ def gc(finished, as_json, store, site_config, slurm_conf):
 
         env = scontrol.slurm_env(slurm_conf)
         try:
-            out = scontrol.run_command(["squeue", "-h", "-a", "-t", "all", "-o", "%A"], env=env)
+            live = scontrol.all_job_ids(env=env)
         except scontrol.SlurmCommandError as err:
             raise click.ClickException("cannot list jobs to find finished ones: %s" % err)
-        live = {line.strip() for line in out.splitlines() if line.strip()}
     removed = st.gc(live_jobs=live)
     if as_json:
         click.echo(json.dumps({"store": st.root, "removed": removed}, indent=2))

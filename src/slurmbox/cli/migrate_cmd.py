@@ -8,6 +8,8 @@ import time
 
 import click
 
+from slurmbox.migrate.outcomes import Outcome
+
 MIGRATE_EXAMPLES = """
 \b
 Examples (as root, on the node or where its runtime directory is visible):
@@ -79,7 +81,7 @@ def migrate(node, reason, watch, interval, no_drain, runtime_dir, slurm_conf, as
     report = evacuate_node(node, "slurmbox migrate: %s" % reason, runtime_dir, env=env,
                            drain=not (no_drain or watch))
     _report(report, as_json)
-    if report.errors or any(s.outcome == "failed" for s in report.steps):
+    if report.errors or any(s.outcome == Outcome.FAILED for s in report.steps):
         sys.exit(1)
 
 

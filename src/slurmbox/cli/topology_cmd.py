@@ -237,12 +237,11 @@ def _free_nodes(free):
     from slurmbox.topology.hostlists import expand
     if free:
         return expand(free)
-    from slurmbox.slurm_client.scontrol import SlurmCommandError, run_command
+    from slurmbox.slurm_client.scontrol import SlurmCommandError, idle_nodes
     try:
-        out = run_command(["sinfo", "-h", "-N", "-t", "idle", "-o", "%N"])
+        return idle_nodes()
     except SlurmCommandError as err:
         raise click.ClickException("cannot ask Slurm for idle nodes (%s); pass --free HOSTLIST" % err)
-    return sorted(set(out.split()))
 
 
 @topology.command()

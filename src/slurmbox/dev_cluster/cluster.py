@@ -21,6 +21,7 @@ import subprocess
 import time
 
 from slurmbox.settings.slurm_syntax import SyntaxProblem, expand_hostlist
+from slurmbox.slurm_client import scontrol
 from slurmbox.settings.plugstack import plugstack_line
 
 NVIDIA_MAJOR = 195          # Documentation/admin-guide/devices.txt: NVIDIA char devices
@@ -362,9 +363,13 @@ partitions:
         deadline = time.monotonic() + timeout
         states = ""
         while time.monotonic() < deadline:
-            result = _run(["sinfo", "-h", "-N", "-o", "%N %T"], check=False, env=self.env())
-            states = result.stdout.strip()
-            seen = dict(line.split()[:2] for line in states.splitlines() if len(line.split()) >= 2)
+            try:
+                rows = scontrol.node_states(env=self.env())
+            except scontrol.SlurmCommandError as err:
+                rows, states = [], str(err)
+            else:
+                states = "; ".join(" ".join(row) for row in rows)
+            seen = {node: state for node, _partition, state in rows}
             if sorted(seen) == sorted(self.node_names) and all(s == "idle" for s in seen.values()):
                 return
             time.sleep(0.25)
@@ -440,9 +445,11 @@ partitions:
     def status(self):
         """Dict: directory, SLURM_CONF, daemons and whether each runs, sinfo lines."""
         daemons = {name: _alive(pid) for name, pid in self._pids().items()}
-        sinfo = _run(["sinfo", "-h", "-N", "-o", "%N %P %T"], check=False, env=self.env()).stdout.split("\n")
-        return {"dir": self.dir, "slurm_conf": self.conf, "daemons": daemons,
-                "nodes": [line for line in sinfo if line.strip()]}
+        try:
+            nodes = [" ".join(row) for row in scontrol.node_states(env=self.env())]
+        except scontrol.SlurmCommandError as err:
+            nodes = ["sinfo: %s" % err]
+        return {"dir": self.dir, "slurm_conf": self.conf, "daemons": daemons, "nodes": nodes}
 
 
 def _alive(pid):

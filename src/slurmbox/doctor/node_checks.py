@@ -5,7 +5,8 @@ checkpoint store space."""
 import os
 import re
 
-from slurmbox.doctor.context import run_tool
+from slurmbox.doctor.context import TOOL_PATH, run_tool
+from slurmbox.slurm_client import scontrol
 from slurmbox.doctor.report import FAIL, NOT_PRESENT, PASS, WARN, Check
 
 GROUP = "node"
@@ -100,12 +101,16 @@ def _no_slurm_conf(ctx, check_id, daemon):
                  "install the cluster's slurm.conf there, or pass --slurm-conf / set SLURM_CONF")
 
 
+def _slurm_env(ctx):
+    return {"PATH": TOOL_PATH, "LANG": "C.UTF-8", "SLURM_CONF": ctx.slurm_conf}
+
+
 def check_slurmd(ctx):
     """The node's slurmd answers (`scontrol show slurmd` asks the local slurmd)."""
     missing = _no_slurm_conf(ctx, "node.slurmd", "slurmd")
     if missing:
         return missing
-    status, output = run_tool(["scontrol", "show", "slurmd"], env={"SLURM_CONF": ctx.slurm_conf})
+    status, output = scontrol.slurmd_text(env=_slurm_env(ctx))
     if status == 0 and output:
         state = next((l.split("=", 1)[1].strip() for l in output.splitlines() if "Slurmd PID" in l), "")
         return Check("node.slurmd", GROUP, PASS, "slurmd answers%s" % (" (pid %s)" % state if state else ""))
@@ -125,7 +130,7 @@ def check_slurmctld(ctx):
     missing = _no_slurm_conf(ctx, "node.slurmctld", "slurmctld")
     if missing:
         return missing
-    status, output = run_tool(["scontrol", "ping"], env={"SLURM_CONF": ctx.slurm_conf})
+    status, output = scontrol.ping_text(env=_slurm_env(ctx))
     # scontrol ping prints one "Slurmctld(primary) at HOST is UP|DOWN" line per controller, and a
     # "** RESTORE SLURMCTLD DAEMON TO SERVICE **" banner of asterisks when one is down.
     said = "; ".join(l.strip() for l in output.splitlines() if l.strip() and not l.strip().startswith("*"))

@@ -11,10 +11,11 @@ devices have no gVisor proxy.
 import os
 import re
 import shutil
+import subprocess
 import tempfile
 
-from slurmbox.doctor.context import run_tool
 from slurmbox.doctor.report import FAIL, NOT_PRESENT, PASS, WARN, Check
+from slurmbox.sandbox import runsc
 
 GROUP = "runtime"
 #: Releases before this date lack systrap and have known bugs slurmbox works around (statx, tty).
@@ -30,8 +31,6 @@ def release_date(version):
 
 def check_runtime(ctx, runsc_path=None, caps=None):
     """[Check] for runsc on this node. ``runsc_path``/``caps`` override discovery (tests)."""
-    from slurmbox.sandbox import runsc
-
     checks = []
     if runsc_path is None:
         try:
@@ -80,7 +79,7 @@ def _sandbox_start(runsc_path, caps, scratch):
     rootless = ["--rootless"] if os.geteuid() != 0 else []  # runsc do needs it when not root
     argv = [runsc_path, "--root", scratch, *rootless, "--network=none", "--platform=%s" % platform, "do",
             "/bin/true"]
-    status, output = run_tool(argv, timeout=60)
+    status, output = _runsc_status(argv, timeout=60)
     if status == 0:
         return Check("runsc.sandbox-start", GROUP, PASS, "a trivial sandbox started and exited 0 (platform %s)"
                      % platform)
@@ -88,6 +87,19 @@ def _sandbox_start(runsc_path, caps, scratch):
                  "`runsc do /bin/true` failed (exit %d): %s" % (status, output.splitlines()[-1] if output else ""),
                  "run `runsc --debug --debug-log=/tmp/runsc/ --platform=%s do true` as root and read the log"
                  % platform)
+
+
+def _runsc_status(argv, timeout=20):
+    """``(exit status, output)`` of a runsc command through sandbox.runsc.call; never raises."""
+    try:
+        proc = runsc.call(argv, timeout=timeout)
+    except FileNotFoundError:
+        return 127, "%s: not installed" % argv[0]
+    except subprocess.TimeoutExpired:
+        return 124, "%s did not finish within %d s" % (" ".join(argv), timeout)
+    except OSError as err:
+        return 126, "%s: %s" % (argv[0], err)
+    return proc.returncode, (proc.stdout + proc.stderr).strip()
 
 
 def check_device_proxy(ctx, runsc_path, caps):
@@ -105,7 +117,7 @@ def check_device_proxy(ctx, runsc_path, caps):
         elif proxy not in flags:
             problems.append("%s devices need runsc --%s, which runsc %s lacks" % (vendor, proxy, caps.get("version")))
         elif vendor == "nvidia":
-            status, output = run_tool([runsc_path, "nvproxy", "list-supported-drivers"])
+            status, output = _runsc_status([runsc_path, "nvproxy", "list-supported-drivers"])
             driver = ctx.nvidia.driver_version if ctx.nvidia is not None else ""
             if status != 0:
                 notes.append("nvproxy present; this runsc cannot list the driver versions it supports, and "

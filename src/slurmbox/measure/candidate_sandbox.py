@@ -34,6 +34,7 @@ import uuid
 from types import SimpleNamespace
 
 from slurmbox.measure import isolation, protocol
+from slurmbox.sandbox import runsc
 
 RUNTIME_DIR = "/run/slurmbox-measure"
 RUNNER_FILES = ("runner.py", "protocol.py")
@@ -135,9 +136,10 @@ class _Candidate:
         os.makedirs(self.channel_dir, mode=0o700)
         os.chown(self.channel_dir, self.uid, self.gid)
 
-    def _spawn(self, argv, preexec_fn=None):
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     preexec_fn=preexec_fn, close_fds=True, start_new_session=True)
+    def _spawn(self, argv, preexec_fn=None, through=subprocess.Popen):
+        """Start ``argv`` through ``through`` (sandbox.runsc.spawn for runsc) with pipes as stdio."""
+        self.proc = through(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=preexec_fn, close_fds=True, start_new_session=True)
         self.proc.stdin.close()
         self.drains = [_Drain(self.proc.stdout), _Drain(self.proc.stderr)]
         for drain in self.drains:
@@ -315,7 +317,6 @@ class SandboxedCandidate(_Candidate):
         """
         import json
 
-        from slurmbox.sandbox import runsc
         try:
             runsc_path = runsc.find_runsc()
             caps = runsc.capabilities(runsc_path, RUNTIME_DIR)
@@ -345,7 +346,7 @@ class SandboxedCandidate(_Candidate):
                            "gpus": list(self.gpus), "runsc_flags": list(self.runsc_prefix[1:]),
                            "mounts": [m["destination"] + ":" + ",".join(m.get("options", [])) for m in
                                       self.spec["mounts"] if m["type"] == "bind"]}
-            self._spawn(self.runsc_prefix + ["run", "--bundle", bundle_dir, self.id])
+            self._spawn(self.runsc_prefix + ["run", "--bundle", bundle_dir, self.id], through=runsc.spawn)
             self._connect(os.path.join(self.channel_dir, "sock"))
         except BaseException:
             self.stop()
@@ -360,8 +361,8 @@ class SandboxedCandidate(_Candidate):
             except subprocess.TimeoutExpired:
                 pass
         if self.runsc_prefix is not None:
-            subprocess.run(self.runsc_prefix + ["kill", self.id, "KILL"], capture_output=True, check=False, input=b"")
-            subprocess.run(self.runsc_prefix + ["delete", "--force", self.id], capture_output=True, check=False, input=b"")
+            runsc.kill(self.runsc_prefix, self.id, "KILL")
+            runsc.delete(self.runsc_prefix, self.id)
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(timeout=10)

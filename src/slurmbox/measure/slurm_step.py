@@ -81,14 +81,11 @@ def find_step(job, step_name, env=None):
 
     Returns None when no such step is listed. Raises slurm_client.scontrol.SlurmCommandError.
     """
-    from slurmbox.slurm_client.scontrol import expand_hostlist, run_command
+    from slurmbox.slurm_client.scontrol import expand_hostlist, job_steps
 
-    out = run_command(["squeue", "-h", "--steps", "-j", str(job), "-o", "%i|%j|%N"], env=env)
-    for line in out.splitlines():
-        parts = line.strip().split("|")
-        if len(parts) == 3 and parts[1] == step_name:
-            nodes = parts[2].strip()
-            return parts[0], (expand_hostlist(nodes, env=env) if "[" in nodes else [n for n in nodes.split(",") if n])
+    for step_id, name, nodes in job_steps(job, env=env):
+        if name == step_name:
+            return step_id, (expand_hostlist(nodes, env=env) if "[" in nodes else [n for n in nodes.split(",") if n])
     return None
 
 

@@ -18,6 +18,7 @@ from slurmbox.migrate import triggers
 from slurmbox.migrate.release import release_when_pending
 from slurmbox.sandbox import step_dirs
 from slurmbox.slurm_client import scontrol
+from slurmbox.migrate.outcomes import Outcome
 
 
 
@@ -91,9 +92,9 @@ def evacuate_node(node, reason, runtime_dir, env=None, drain=True, requeue_all=T
     requeued = set()
     for job, step, _ in steps:
         answer = answers.get((job, step), {})
-        report.steps.append(StepOutcome(job, step, answer.get("outcome", "failed"), answer.get("message", ""),
+        report.steps.append(StepOutcome(job, step, answer.get("outcome", Outcome.FAILED), answer.get("message", ""),
                                         answer.get("checkpoint")))
-        if answer.get("outcome") == "requeued":
+        if answer.get("outcome") == Outcome.REQUEUED:
             requeued.add(job)
     if requeue_all:
         try:

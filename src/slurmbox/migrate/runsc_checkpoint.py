@@ -40,6 +40,7 @@ import time
 
 from slurmbox.migrate import image_digest
 from slurmbox.migrate.store import IMAGE_COMPRESSIONS, CheckpointError
+from slurmbox.sandbox.runsc import call as call_runsc
 
 #: Image compression of runsc builds without a ``-compression`` flag: gVisor's statefile
 #: writer always used flate at best speed before the flag existed (pkg/state/statefile).
@@ -119,13 +120,9 @@ def checkpoint_features(runsc, cache_dir=None):
         except (OSError, ValueError):
             pass
     try:
-        # input="": runsc is given pipes, never our stdin or /dev/null (it re-owns the stdio of sandboxes)
-        listing = subprocess.run([runsc, "checkpoint", "--help"], capture_output=True, text=True, check=False,
-                                 input="", timeout=60)
-        restore_listing = subprocess.run([runsc, "restore", "--help"], capture_output=True, text=True,
-                                         check=False, input="", timeout=60)
-        version = subprocess.run([runsc, "--version"], capture_output=True, text=True, check=False,
-                                 input="", timeout=60).stdout
+        listing = call_runsc([runsc, "checkpoint", "--help"], timeout=60)
+        restore_listing = call_runsc([runsc, "restore", "--help"], timeout=60)
+        version = call_runsc([runsc, "--version"], timeout=60).stdout
     except (OSError, subprocess.TimeoutExpired) as err:
         raise CheckpointError("cannot run %s to read its checkpoint flags: %s" % (runsc, err))
     first = version.splitlines()[0] if version.strip() else "unknown"
@@ -218,8 +215,7 @@ def checkpoint_sandbox(prefix, container_id, pending, manifest_fields, spec, ext
         follower.start()
     started = time.monotonic()
     try:
-        result = subprocess.run(checkpoint_argv(prefix, pending.image_dir, container_id, flags),
-                                capture_output=True, text=True, check=False)
+        result = call_runsc(checkpoint_argv(prefix, pending.image_dir, container_id, flags))
     except BaseException:
         if follower is not None:
             follower.stop()

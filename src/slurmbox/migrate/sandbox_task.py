@@ -19,7 +19,6 @@ checkpoint mode other than ``none``.
 
 import os
 import signal
-import subprocess
 import threading
 import time
 
@@ -28,7 +27,9 @@ from slurmbox.migrate.runsc_checkpoint import (CheckpointFailed, checkpoint_sand
                                                runsc_description)
 from slurmbox.migrate.step_checkpoint import PEER_SIGNAL_WAIT_S, before_requeue, request_peers, take_peer_request
 from slurmbox.migrate.store import CheckpointError
+from slurmbox.sandbox import runsc
 from slurmbox.slurm_client import scontrol
+from slurmbox.migrate.outcomes import Outcome
 
 #: Seconds a control-socket request waits for a signal-mode program to exit
 #: before the job is requeued anyway (Slurm then kills what is left).
@@ -67,7 +68,7 @@ class Evacuation:
     def answer(self):
         """The control-socket reply (dict)."""
         if not self.decided.is_set():
-            return {"outcome": "failed", "message": "the evacuation (%s) did not finish in time" % self.reason}
+            return {"outcome": Outcome.FAILED, "message": "the evacuation (%s) did not finish in time" % self.reason}
         return {"outcome": self.outcome, "message": self.message, "checkpoint": self.checkpoint}
 
 
@@ -192,7 +193,7 @@ class CheckpointableTask:
             with self.lock:
                 self.evacuation = None
             self._kill(signal.SIGTERM)
-            evacuation.finish("forwarded")
+            evacuation.finish(Outcome.FORWARDED)
             return
         self._evacuate(evacuation)
 
@@ -233,7 +234,7 @@ class CheckpointableTask:
         """Evacuate for ``reason`` (control socket); returns the Evacuation's answer dict."""
         with self.lock:
             if self.closed:
-                return {"outcome": "unsupported", "message": "the program of job %s has ended" % self.sup.args.job}
+                return {"outcome": Outcome.UNSUPPORTED, "message": "the program of job %s has ended" % self.sup.args.job}
             evacuation, start = self.evacuation, self.evacuation is None
             if start:
                 evacuation = self.evacuation = Evacuation(reason)
@@ -265,7 +266,7 @@ class CheckpointableTask:
                 except Exception:
                     traceback.print_exc()
             if not evacuation.decided.is_set():
-                evacuation.finish("lost" if self.proc is not None and self.proc.poll() is not None else "forwarded",
+                evacuation.finish(Outcome.LOST if self.proc is not None and self.proc.poll() is not None else Outcome.FORWARDED,
                                   "internal error: %s" % err)
 
     def _evacuate_steps(self, evacuation, requeue):
@@ -287,7 +288,7 @@ class CheckpointableTask:
                 self.sup.say(self.err_fd, "periodic checkpoint of job %s skipped: %s" % (job, err))
                 with self.lock:
                     self.evacuation = None
-                evacuation.finish("forwarded")
+                evacuation.finish(Outcome.FORWARDED)
                 return
             pending, begin_error = None, str(err)
         try:
@@ -317,7 +318,7 @@ class CheckpointableTask:
                 if evacuation.interrupted or self.gone:
                     # Slurm is ending the step (requeue, scancel, node failure handling): do not start the
                     # sandbox again here; the next run restores this checkpoint.
-                    evacuation.finish("interrupted", "periodic checkpoint %s taken while the step was being "
+                    evacuation.finish(Outcome.INTERRUPTED, "periodic checkpoint %s taken while the step was being "
                                       "ended" % ckpt.name)
                     self.sup.say(self.err_fd, evacuation.message)
                     return
@@ -339,7 +340,7 @@ class CheckpointableTask:
         if evacuation.reason == "periodic" and evacuation.interrupted == signal.SIGTERM and self._peer_request():
             # The periodic checkpoint failed while another rank was evacuating its node: requeueing now would
             # end that rank's checkpoint midway. It requeues the job once its wait for this rank is over.
-            evacuation.finish("requeued", "the periodic checkpoint failed while another rank asked for one; "
+            evacuation.finish(Outcome.REQUEUED, "the periodic checkpoint failed while another rank asked for one; "
                               "that rank requeues job %s (this rank restarts from its previous checkpoint)" % job)
             self.sup.say(self.err_fd, evacuation.message)
             return
@@ -351,7 +352,7 @@ class CheckpointableTask:
             if evacuation.reason == "preemption" or self._requeued_already():
                 # At the end of GraceTime slurmctld requeues the job itself (PreemptMode=REQUEUE), or
                 # another node's evacuation requeued it first; either way a second requeue is refused.
-                evacuation.finish("requeued", "job %s is requeued (%s)%s"
+                evacuation.finish(Outcome.REQUEUED, "job %s is requeued (%s)%s"
                                   % (job, "by Slurm: preemption" if evacuation.reason == "preemption"
                                      else "by another node's evacuation", ", checkpoint %s" % ckpt.name if ckpt else ""))
                 self.sup.say(self.err_fd, evacuation.message)
@@ -359,13 +360,13 @@ class CheckpointableTask:
                 self._resume_here(evacuation, ckpt, "job %s could not be requeued (%s); it continues here from "
                                   "checkpoint %s" % (job, err, ckpt.name))
             elif program_gone:
-                evacuation.finish("lost", "job %s could not be requeued (%s) and its program has stopped" % (job, err))
+                evacuation.finish(Outcome.LOST, "job %s could not be requeued (%s) and its program has stopped" % (job, err))
                 self.sup.say(self.err_fd, evacuation.message)
             else:
-                evacuation.finish("forwarded", "job %s could not be requeued: %s" % (job, err))
+                evacuation.finish(Outcome.FORWARDED, "job %s could not be requeued: %s" % (job, err))
                 self.sup.say(self.err_fd, evacuation.message)
             return
-        evacuation.finish("requeued", "job %s requeued (%s)%s" % (job, evacuation.reason,
+        evacuation.finish(Outcome.REQUEUED, "job %s requeued (%s)%s" % (job, evacuation.reason,
                                                                  ", checkpoint %s" % ckpt.name if ckpt else ""))
         self.sup.say(self.err_fd, evacuation.message)
 
@@ -383,17 +384,16 @@ class CheckpointableTask:
 
     def _resume_here(self, evacuation, ckpt, why):
         if self.gone:
-            evacuation.finish("lost", "the step ended while job %s was being checkpointed" % self.sup.args.job)
+            evacuation.finish(Outcome.LOST, "the step ended while job %s was being checkpointed" % self.sup.args.job)
             return
-        subprocess.run(self.prefix + ["delete", "--force", self.sup.container_id], capture_output=True, check=False)
+        runsc.delete(self.prefix, self.sup.container_id)
         flags = restore_flags(self.sup._runsc_features(), ckpt.manifest)
-        proc = subprocess.Popen(restore_argv(self.prefix, ckpt.path, self.sup.bundle_dir, self.sup.container_id,
-                                             flags),
-                                stdin=self.child_fds[0], stdout=self.child_fds[1], stderr=self.child_fds[2],
-                                close_fds=True, start_new_session=True)
+        proc = runsc.spawn(restore_argv(self.prefix, ckpt.path, self.sup.bundle_dir, self.sup.container_id, flags),
+                           stdin=self.child_fds[0], stdout=self.child_fds[1], stderr=self.child_fds[2],
+                           close_fds=True, start_new_session=True)
         self.proc = proc
         self._wait_running(proc)  # a signal until then is held (on_signal) and handled again (after_exit)
-        evacuation.finish("resumed", why)
+        evacuation.finish(Outcome.RESUMED, why)
         self.sup.say(self.err_fd if evacuation.reason != "periodic" else None, evacuation.message)
 
     def after_exit(self):
@@ -410,14 +410,14 @@ class CheckpointableTask:
             self.sup.say(self.err_fd, "the program exited after its checkpoint signal")
             self._requeue(evacuation, program_gone=False)
         evacuation.decided.wait()
-        if evacuation.outcome == "resumed":
+        if evacuation.outcome == Outcome.RESUMED:
             with self.lock:
                 if self.evacuation is evacuation:
                     self.evacuation = None
             if evacuation.interrupted:  # arrived while the sandbox was being resumed: it was not acted on
                 threading.Thread(target=self._redeliver, args=(evacuation.interrupted,), daemon=True).start()
-            return "resumed"
-        if evacuation.outcome in ("requeued", "lost", "interrupted"):
+            return Outcome.RESUMED
+        if evacuation.outcome in (Outcome.REQUEUED, Outcome.LOST, Outcome.INTERRUPTED):
             return evacuation.outcome
         return None
 
@@ -426,9 +426,8 @@ class CheckpointableTask:
         exited (the restore failed), or after ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and proc.poll() is None:
-            state = subprocess.run(self.prefix + ["state", self.sup.container_id], capture_output=True, text=True,
-                                   check=False, input="")
-            if '"running"' in state.stdout:
+            state = runsc.state(self.prefix, self.sup.container_id)
+            if state is not None and str(state.get("status", "")).lower() == "running":
                 return
             time.sleep(0.1)
 

@@ -32,6 +32,7 @@ import json
 import os
 import signal
 import time
+from slurmbox.migrate.outcomes import Outcome
 
 #: Step-shape variables in the task environment that a checkpoint must match (srun(1)).
 SHAPE_VARIABLES = ("SLURM_STEP_NUM_NODES", "SLURM_STEP_NUM_TASKS")
@@ -329,7 +330,7 @@ def before_requeue(sup, evacuation, ckpt, err_fd):
     step = fields["slurm_step"]
     if evacuation.from_peer:
         _report_done(sup, evacuation, fields, err_fd)  # the rank that asked waits for this (peers_saved)
-        evacuation.finish("requeued", "%s: rank %d of step %s %s at another rank's request; that rank requeues job "
+        evacuation.finish(Outcome.REQUEUED, "%s: rank %d of step %s %s at another rank's request; that rank requeues job "
                           "%s" % (evacuation.reason, fields["node_rank"], step,
                                   "saved its state" if evacuation.signalled else "checkpointed", sup.args.job))
         sup.say(err_fd, evacuation.message)
@@ -342,7 +343,7 @@ def before_requeue(sup, evacuation, ckpt, err_fd):
                              PEER_SIGNAL_WAIT_S if evacuation.signalled else PEER_WAIT_S)
         return True
     if ckpt is None:
-        evacuation.finish("requeued", "rank %d of step %s has stopped; Slurm requeues job %s when its GraceTime "
+        evacuation.finish(Outcome.REQUEUED, "rank %d of step %s has stopped; Slurm requeues job %s when its GraceTime "
                           "ends" % (fields["node_rank"], step, sup.args.job))
         sup.say(err_fd, evacuation.message)
         return False

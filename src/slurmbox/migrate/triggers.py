@@ -28,6 +28,7 @@ import socket
 
 from slurmbox.sandbox.framing import recv_frame, send_frame
 from slurmbox.slurm_client import scontrol
+from slurmbox.migrate.outcomes import Outcome
 
 CONTROL_SOCKET = "control.sock"
 
@@ -65,7 +66,7 @@ def request_checkpoint(step_dir, reason, timeout=120.0):
     """Ask the supervisor of ``step_dir`` to checkpoint (or signal) its sandbox and requeue the job.
 
     Returns the supervisor's answer (dict with ``outcome`` and ``message``);
-    ``{"outcome": "failed", ...}`` when it cannot be reached.
+    ``{"outcome": Outcome.FAILED, ...}`` when it cannot be reached.
     """
     path = os.path.join(step_dir, CONTROL_SOCKET)
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -77,9 +78,9 @@ def request_checkpoint(step_dir, reason, timeout=120.0):
         for fd in fds:
             os.close(fd)
     except (OSError, ValueError) as err:
-        return {"outcome": "failed", "message": "cannot reach the supervisor at %s: %s" % (path, err)}
+        return {"outcome": Outcome.FAILED, "message": "cannot reach the supervisor at %s: %s" % (path, err)}
     finally:
         conn.close()
     if not isinstance(answer, dict):
-        return {"outcome": "failed", "message": "the supervisor at %s closed the connection" % path}
+        return {"outcome": Outcome.FAILED, "message": "the supervisor at %s closed the connection" % path}
     return answer

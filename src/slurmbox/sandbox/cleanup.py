@@ -12,7 +12,6 @@ import argparse
 import os
 import shutil
 import signal
-import subprocess
 import sys
 
 from slurmbox.sandbox import runsc, step_dirs
@@ -70,10 +69,8 @@ def remove_step(step_dir, runtime_dir):
     except runsc.RunscError:
         binary = None
     if binary and _has_state(state_root, container):
-        # Pipes, not /dev/null: runsc may chown the stdio it is given (see stdio_relay).
-        quiet = {"capture_output": True, "check": False}
-        subprocess.run([binary, "--root", state_root, "kill", "--all", container, "KILL"], **quiet)
-        subprocess.run([binary, "--root", state_root, "delete", "--force", container], **quiet)
+        runsc.kill([binary, "--root", state_root], container, "KILL", all_processes=True)
+        runsc.delete([binary, "--root", state_root], container)
     _remove_cgroup(step_dir, runtime_dir)
     _remove_tree(step_dir)
     step_dirs.remove_alias(step_dir)

@@ -20,7 +20,6 @@ A record: ``{"id": "<job>.<step>", "job", "step", "node", "uid", "user",
 import json
 import os
 import pwd
-import subprocess
 import time
 from dataclasses import asdict, dataclass
 
@@ -158,7 +157,7 @@ def runsc_status(step_dir, container):
     argv = _runsc_argv(step_dir, "state", container)
     if argv is None:
         return None
-    proc = subprocess.run(argv, capture_output=True, text=True, input="")  # never our stdin: runsc may re-own it
+    proc = runsc.call(argv)  # nsenter then runsc: pipes only (runsc re-owns the stdio it is given)
     if proc.returncode != 0:
         return None
     try:
@@ -211,20 +210,14 @@ def _root_step_dirs(runtime_dir):
 
 def _owner_step_dirs(runtime_dir, user, slurm_env):
     """Step directories of ``user``'s running jobs, found through Slurm (the user cannot list nodes)."""
-    from slurmbox.slurm_client.scontrol import SlurmCommandError, expand_hostlist, run_command
+    from slurmbox.slurm_client.scontrol import SlurmCommandError, expand_hostlist, user_running_jobs, user_steps
 
     candidates = set()
     try:
-        jobs = run_command(["squeue", "-h", "-u", user, "-t", "RUNNING", "-o", "%A %N"], env=slurm_env)
-        steps = run_command(["squeue", "-h", "-s", "-u", user, "-o", "%i %N"], env=slurm_env)
-        for line in jobs.splitlines():
-            if len(line.split()) == 2:
-                job, nodes = line.split()
-                candidates.update((node, "%s.batch" % job) for node in expand_hostlist(nodes, env=slurm_env)[:1])
-        for line in steps.splitlines():
-            if len(line.split()) == 2:
-                step_id, nodes = line.split()
-                candidates.update((node, step_id) for node in expand_hostlist(nodes, env=slurm_env))
+        for job, nodes in user_running_jobs(user, env=slurm_env):
+            candidates.update((node, "%s.batch" % job) for node in expand_hostlist(nodes, env=slurm_env)[:1])
+        for step_id, nodes in user_steps(user, env=slurm_env):
+            candidates.update((node, step_id) for node in expand_hostlist(nodes, env=slurm_env))
     except SlurmCommandError as err:
         raise SandboxError("cannot list your jobs: %s" % err)
     for node, name in sorted(candidates):
@@ -293,7 +286,7 @@ def kill(entry, reason="killed by an administrator"):
                        "KILL")
     if argv is None:
         raise SandboxError("sandbox %s on %s is not running (its supervisor is gone)" % (entry.id, entry.node))
-    proc = subprocess.run(argv, capture_output=True, text=True, input="")  # never our stdin: runsc may re-own it
+    proc = runsc.call(argv)  # nsenter then runsc: pipes only (runsc re-owns the stdio it is given)
     if proc.returncode != 0:
         raise SandboxError("runsc could not kill %s on %s: %s" % (entry.id, entry.node,
                                                                   proc.stderr.strip() or "no running sandbox"))

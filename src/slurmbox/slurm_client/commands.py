@@ -21,3 +21,17 @@ def run_command(argv, env=None, timeout=30):
         raise SlurmCommandError("%s failed (exit %d): %s" % (" ".join(argv), proc.returncode,
                                                              proc.stderr.strip() or proc.stdout.strip()))
     return proc.stdout
+
+
+def run_status(argv, env=None, timeout=20):
+    """Run a Slurm client command -> ``(exit status, stdout and stderr)``; never raises
+    (127: not installed, 124: timed out, 126: could not start). stdin is an empty pipe."""
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout, input="")
+    except FileNotFoundError:
+        return 127, "%s: not installed" % argv[0]
+    except subprocess.TimeoutExpired:
+        return 124, "%s did not finish within %d s" % (" ".join(argv), timeout)
+    except OSError as err:
+        return 126, "%s: %s" % (argv[0], err)
+    return proc.returncode, (proc.stdout + proc.stderr).strip()

@@ -13,7 +13,7 @@ environment) and raise :class:`SlurmCommandError` when a command fails.
 import os
 import re
 
-from slurmbox.slurm_client.commands import SlurmCommandError, run_command  # noqa: F401 (re-exported)
+from slurmbox.slurm_client.commands import SlurmCommandError, run_command, run_status  # noqa: F401 (re-exported)
 from slurmbox.slurm_client.job_facts import read_job_facts
 
 # A key starts a new field when preceded by a space: "Key=" where Key is word characters
@@ -118,3 +118,65 @@ def signal_step(job_id, step, signum, env=None):
     """``scancel --signal=NUM JOB.STEP``: deliver signal ``signum`` (int) to every task of a job step,
     on all of its nodes (scancel(1) ``-s``; without ``--full``/``--batch`` the batch shell is not signalled)."""
     run_command(["scancel", "--signal=%d" % int(signum), "%s.%s" % (job_id, step)], env=env)
+
+
+def _pairs(text, fields):
+    """Lines of ``fields`` space-separated words (list of tuples); other lines are skipped."""
+    rows = []
+    for line in text.splitlines():
+        words = line.split()
+        if len(words) == fields:
+            rows.append(tuple(words))
+    return rows
+
+
+def user_running_jobs(user, env=None):
+    """``[(job id, node hostlist)]`` of ``user``'s RUNNING jobs (``squeue -h -u USER -t RUNNING -o "%A %N"``)."""
+    return _pairs(run_command(["squeue", "-h", "-u", user, "-t", "RUNNING", "-o", "%A %N"], env=env), 2)
+
+
+def user_steps(user, env=None):
+    """``[(step id JOB.STEP, node hostlist)]`` of ``user``'s steps (``squeue -h -s -u USER -o "%i %N"``)."""
+    return _pairs(run_command(["squeue", "-h", "-s", "-u", user, "-o", "%i %N"], env=env), 2)
+
+
+def job_steps(job_id, env=None):
+    """``[(step id, step name, node hostlist)]`` of job ``job_id`` (``squeue -h --steps -j JOB -o "%i|%j|%N"``;
+    ``|``-separated because a step name may hold spaces)."""
+    out = run_command(["squeue", "-h", "--steps", "-j", str(job_id), "-o", "%i|%j|%N"], env=env)
+    return [tuple(p.strip() for p in line.split("|")) for line in out.splitlines() if line.count("|") == 2]
+
+
+def all_job_ids(env=None):
+    """Ids (set of str) of every job slurmctld still knows, in any state (``squeue -h -a -t all -o %A``)."""
+    out = run_command(["squeue", "-h", "-a", "-t", "all", "-o", "%A"], env=env)
+    return {line.strip() for line in out.splitlines() if line.strip()}
+
+
+def idle_nodes(env=None):
+    """Names (sorted list) of idle nodes (``sinfo -h -N -t idle -o %N``)."""
+    return sorted(set(run_command(["sinfo", "-h", "-N", "-t", "idle", "-o", "%N"], env=env).split()))
+
+
+def node_states(env=None):
+    """``[(node, partition, state)]``, one per node and partition (``sinfo -h -N -o "%N %P %T"``)."""
+    return _pairs(run_command(["sinfo", "-h", "-N", "-o", "%N %P %T"], env=env), 3)
+
+
+def default_partition(env=None, timeout=15):
+    """Name of the cluster's default partition (``scontrol -o show partition``, ``Default=YES``) or None.
+    Raises SlurmCommandError."""
+    for record in show("partition", env=env):
+        if record.get("Default") == "YES" and record.get("PartitionName"):
+            return record["PartitionName"]
+    return None
+
+
+def ping_text(env=None):
+    """``(exit status, output)`` of ``scontrol ping`` (never raises: the status is the answer)."""
+    return run_status(["scontrol", "ping"], env=env)
+
+
+def slurmd_text(env=None):
+    """``(exit status, output)`` of ``scontrol show slurmd`` (the local slurmd); never raises."""
+    return run_status(["scontrol", "show", "slurmd"], env=env)

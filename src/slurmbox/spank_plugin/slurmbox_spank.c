@@ -48,10 +48,10 @@
 
 SPANK_PLUGIN(slurmbox, 1);
 
-#define SBX_OPT_COUNT 10
-enum sbx_opt { O_SANDBOX, O_NO_SANDBOX, O_IMAGE, O_MOUNTS, O_WORKDIR, O_NETWORK, O_DRY_RUN, O_PROFILE_UNUSED,
-	       O_CHECKPOINT, O_CHECKPOINT_INTERVAL };
-static const char *opt_keys[SBX_OPT_COUNT] = {"sandbox", "no-sandbox", "image", "mounts", "workdir", "network", "dry-run", "",
+#define SBX_OPT_COUNT 9
+enum sbx_opt { O_SANDBOX, O_NO_SANDBOX, O_IMAGE, O_MOUNTS, O_WORKDIR, O_NETWORK, O_DRY_RUN, O_CHECKPOINT,
+	       O_CHECKPOINT_INTERVAL };
+static const char *opt_keys[SBX_OPT_COUNT] = {"sandbox", "no-sandbox", "image", "mounts", "workdir", "network", "dry-run",
 					      "checkpoint", "checkpoint-interval"};
 static char *opt_values[SBX_OPT_COUNT];
 static int opt_given[SBX_OPT_COUNT];

@@ -446,23 +446,17 @@ def script_reader_for(pid, env):
 # -- site facts ----------------------------------------------------------------------------------------
 
 def default_partition(env):
-    """Name of the cluster's default partition (``scontrol -o show partition``, ``Default=YES``) or None."""
-    import re
-    import subprocess
+    """Name of the cluster's default partition (slurm_client.scontrol.default_partition) or None
+    when slurmctld cannot be asked (the step side decides then)."""
+    from slurmbox.slurm_client import scontrol
 
     run_env = {"PATH": ROOT_PATH, "LANG": "C.UTF-8"}
     if env.get("SLURM_CONF"):
         run_env["SLURM_CONF"] = env["SLURM_CONF"]
     try:
-        out = subprocess.run(["scontrol", "-o", "show", "partition"], capture_output=True, text=True,
-                             env=run_env, timeout=15, check=False)
-    except (OSError, subprocess.SubprocessError):
+        return scontrol.default_partition(env=run_env)
+    except scontrol.SlurmCommandError:
         return None
-    for line in out.stdout.splitlines():
-        name = re.search(r"(?:^|\s)PartitionName=(\S+)", line)
-        if name and re.search(r"\sDefault=YES(\s|$)", line):
-            return name.group(1)
-    return None
 
 
 def load_site_policy(site_config):
@@ -484,18 +478,16 @@ def load_site_policy(site_config):
 def runsc_checkpoint_help():
     """``(path, version, help text)`` of the installed runsc (fixed root PATH), or None when absent."""
     import shutil
-    import subprocess
 
     runsc = shutil.which("runsc", path=ROOT_PATH)
     if not runsc:
         return None
+    from slurmbox.sandbox.runsc import help_text
+
     env = {"PATH": ROOT_PATH, "LANG": "C.UTF-8"}
-    helped = subprocess.run([runsc, "checkpoint", "--help"], capture_output=True, text=True, env=env,
-                            timeout=15, check=False)
-    version = subprocess.run([runsc, "--version"], capture_output=True, text=True, env=env, timeout=15,
-                             check=False).stdout.splitlines()
+    version = help_text(runsc, "--version", env=env).splitlines()
     return runsc, (version[0].replace("runsc version ", "") if version else "unknown"), \
-        helped.stdout + helped.stderr
+        help_text(runsc, "checkpoint", "--help", env=env)
 
 
 # -- the decision --------------------------------------------------------------------------------------

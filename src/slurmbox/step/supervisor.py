@@ -31,7 +31,6 @@ import signal
 import socket
 import stat
 import struct
-import subprocess
 import sys
 import threading
 import time
@@ -40,6 +39,7 @@ from slurmbox.sandbox import bundle, cleanup, devices, options, runsc, user_path
 from slurmbox.sandbox.framing import EXIT_SANDBOX_FAILED, recv_frame, send_frame
 from slurmbox.sandbox.peer_signals import follow_peer
 from slurmbox.sandbox.stdio_relay import StdioRelay
+from slurmbox.migrate.outcomes import Outcome
 
 #: Holder init for multi-task sandboxes: blocks reading its stdin, a pipe the
 #: supervisor holds; when the supervisor closes it (or dies) the sandbox ends.
@@ -470,7 +470,7 @@ class Supervisor:
                 except OSError:
                     pass
                 print(message.decode().strip(), file=sys.stderr)  # the step's slurmbox log
-                subprocess.run(prefix + ["kill", "--all", self.container_id, "KILL"], capture_output=True, check=False)
+                runsc.kill(prefix, self.container_id, "KILL", all_processes=True)
 
             self.wall_timer = threading.Timer(limit, expire)
             self.wall_timer.daemon = True
@@ -557,9 +557,8 @@ class Supervisor:
 
     def _run_as_init(self, spec, prefix, fds):
         self._write_json(os.path.join(self.bundle_dir, "config.json"), spec)
-        proc = subprocess.Popen(prefix + ["run", "--bundle", self.bundle_dir, self.container_id],
-                                stdin=fds[0], stdout=fds[1], stderr=fds[2], close_fds=True,
-                                start_new_session=True)
+        proc = runsc.spawn(prefix + ["run", "--bundle", self.bundle_dir, self.container_id],
+                           stdin=fds[0], stdout=fds[1], stderr=fds[2], close_fds=True, start_new_session=True)
         return proc, [self.container_id]
 
     def _ensure_holder(self, spec, prefix):
@@ -571,14 +570,15 @@ class Supervisor:
             self._write_json(os.path.join(self.bundle_dir, "config.json"), holder_spec)
             read_end, write_end = os.pipe()
             log = open(os.path.join(self.args.step_dir, "holder.log"), "wb")
-            create = subprocess.run(prefix + ["create", "--bundle", self.bundle_dir, self.container_id],
-                                    stdin=read_end, stdout=log, stderr=log, close_fds=True, check=False)
+            create = runsc.spawn(prefix + ["create", "--bundle", self.bundle_dir, self.container_id],
+                                 stdin=read_end, stdout=log, stderr=log, close_fds=True)
+            create.wait()
             os.close(read_end)
             log.close()
             if create.returncode != 0:
                 os.close(write_end)
                 raise StepFailure("runsc create failed (exit %d); see %s" % (create.returncode, self.args.step_dir))
-            started = subprocess.run(prefix + ["start", self.container_id], capture_output=True, text=True)
+            started = runsc.call(prefix + ["start", self.container_id])
             if started.returncode != 0:
                 os.close(write_end)
                 raise StepFailure("runsc start failed: %s" % started.stderr.strip())
@@ -590,9 +590,9 @@ class Supervisor:
         process_json = os.path.join(task_dir, "process.json")
         self._write_json(process_json, spec["process"])
         pid_file = os.path.join(task_dir, "pid")
-        proc = subprocess.Popen(prefix + ["exec", "--process", process_json, "--internal-pid-file", pid_file,
-                                          self.container_id],
-                                stdin=fds[0], stdout=fds[1], stderr=fds[2], close_fds=True, start_new_session=True)
+        proc = runsc.spawn(prefix + ["exec", "--process", process_json, "--internal-pid-file", pid_file,
+                                     self.container_id],
+                           stdin=fds[0], stdout=fds[1], stderr=fds[2], close_fds=True, start_new_session=True)
         return proc, pid_file
 
     def _restore_as_init(self, ckpt, spec, prefix, fds):
@@ -601,8 +601,8 @@ class Supervisor:
         bundle.apply_step_cgroup(spec, self.args.job, self.args.step, self.args.node, self.args.runtime_dir)  # ours
         self._write_json(os.path.join(self.bundle_dir, "config.json"), spec)
         flags = restore_flags(self._runsc_features(), ckpt.manifest)
-        proc = subprocess.Popen(restore_argv(prefix, ckpt.path, self.bundle_dir, self.container_id, flags),
-                                stdin=fds[0], stdout=fds[1], stderr=fds[2], close_fds=True, start_new_session=True)
+        proc = runsc.spawn(restore_argv(prefix, ckpt.path, self.bundle_dir, self.container_id, flags),
+                           stdin=fds[0], stdout=fds[1], stderr=fds[2], close_fds=True, start_new_session=True)
         return proc, [self.container_id]
 
     # -- checkpoints (batch steps; slurmbox.migrate) -------------------------------------
@@ -722,7 +722,7 @@ class Supervisor:
         """
         task = self.task
         if task is None:
-            return {"outcome": "unsupported", "message": "step %s of job %s is not checkpointed (checkpoint mode "
+            return {"outcome": Outcome.UNSUPPORTED, "message": "step %s of job %s is not checkpointed (checkpoint mode "
                     "none, several tasks per node, or not started)" % (self.args.step, self.args.job)}
         return task.evacuate(reason, wait=True)
 
@@ -733,10 +733,9 @@ class Supervisor:
                     pid = handle.read().strip()
             except OSError:
                 return
-            cmd = prefix + ["kill", "--pid", pid, self.container_id, str(signum)]
+            runsc.kill(prefix, self.container_id, signum, pid=pid)
         else:
-            cmd = prefix + ["kill", self.container_id, str(signum)]
-        subprocess.run(cmd, capture_output=True, check=False)
+            runsc.kill(prefix, self.container_id, signum)
 
     def _relay(self, conn, proc, prefix, kill_args, relay, task=None):
         finished = threading.Event()
@@ -757,22 +756,22 @@ class Supervisor:
         while True:
             returncode = proc.wait()
             outcome = task.after_exit() if task is not None else None
-            if outcome == "resumed":  # checkpointed but not requeued: running here again
+            if outcome == Outcome.RESUMED:  # checkpointed but not requeued: running here again
                 proc = task.proc
                 continue
             break
-        if outcome == "requeued" and self.args.step != "batch":
+        if outcome == Outcome.REQUEUED and self.args.step != "batch":
             from slurmbox.migrate.step_checkpoint import hold_until_ended
             hold_until_ended(task)  # srun must not return to the batch script before the requeue ends it
         finished.set()
         if task is not None:
             task.close()
         relay.finish()
-        if outcome == "requeued":
+        if outcome == Outcome.REQUEUED:
             status = {"signal": int(signal.SIGTERM)}  # Slurm requeues the job; the batch step ends as if killed
-        elif outcome == "lost":
+        elif outcome == Outcome.LOST:
             status = {"exit": EXIT_SANDBOX_FAILED}
-        elif outcome == "interrupted":  # Slurm ended the step during a periodic checkpoint
+        elif outcome == Outcome.INTERRUPTED:  # Slurm ended the step during a periodic checkpoint
             status = {"signal": int(task.evacuation.interrupted or signal.SIGKILL)}
         else:
             status = decode_status(returncode)
@@ -828,10 +827,10 @@ class Supervisor:
                     except Exception as err:  # answer the tool; the traceback goes to the slurmbox log
                         import traceback
                         traceback.print_exc()
-                        answer = {"outcome": "failed", "message": "internal error: %s" % err}
+                        answer = {"outcome": Outcome.FAILED, "message": "internal error: %s" % err}
                     send_frame(conn, answer)
                 else:
-                    send_frame(conn, {"outcome": "failed", "message": "unknown request"})
+                    send_frame(conn, {"outcome": Outcome.FAILED, "message": "unknown request"})
             except (OSError, ValueError):
                 pass
             finally:
