@@ -250,7 +250,7 @@ def _converse(fd, read_until):
     ("--sandbox", "nosuchprofile", "unknown profile"),
     ("--sandbox-mounts", "relative:/data", "not absolute"),
     ("--sandbox-mounts", "/tmp:/data:rx", "not ro or rw"),
-    ("--sandbox-image", "/no/such/rootfs", "not an existing directory"),
+    ("--sandbox-image", "/no/such/rootfs", "cannot open /no/such/rootfs (No such file or directory)"),
     ("--sandbox-network", "nonee", "expected one of none|sandbox|host"),
 ])
 def test_bad_options_fail_before_the_program_starts(cluster, workdir, option, value, needle):
