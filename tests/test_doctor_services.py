@@ -8,6 +8,7 @@ import socket
 import pytest
 
 from slurmbox.doctor import node_checks, runtime_checks
+from slurmbox.slurm_client import scontrol
 from slurmbox.doctor.context import NodeContext
 from slurmbox.doctor.report import FAIL, NOT_PRESENT, PASS, WARN
 
@@ -41,7 +42,8 @@ def _answer(monkeypatch, status, output):
     def fake_run_tool(argv, env=None, timeout=20, input=None):
         calls.append(argv)
         return status, output
-    monkeypatch.setattr(node_checks, "run_tool", fake_run_tool)
+    monkeypatch.setattr(node_checks, "run_tool", fake_run_tool)  # munge, slurmd -C
+    monkeypatch.setattr(scontrol, "run_status", fake_run_tool)  # Slurm's commands: slurm_client's one door
     return calls
 
 

@@ -369,16 +369,32 @@ static int trusted_partition(uint32_t jobid, char *buf, size_t len)
 		;
 	if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
 		return -1;
-	/* Exactly one line "ID PARTITION\n": anything else is refused, not guessed at. */
+	/*
+	 * Lines "ID PARTITION\n", both fields Slurm's or the admin's (numeric id, partition
+	 * name). A heterogeneous job lists each of its components: exactly one line must
+	 * carry this step's job id; anything else is refused, not guessed at.
+	 */
 	size_t idlen = strlen(id);
-	if (strncmp(out, id, idlen) != 0 || out[idlen] != ' ')
+	const char *found = NULL;
+	size_t found_len = 0;
+	for (const char *line = out; *line;) {
+		const char *end = strchr(line, '\n');
+		if (!end)
+			return -1; /* every line ends with a newline */
+		if ((size_t)(end - line) > idlen && !strncmp(line, id, idlen) && line[idlen] == ' ') {
+			const char *p = line + idlen + 1;
+			size_t n = (size_t)(end - p);
+			if (found || n == 0 || n >= len || memchr(p, ' ', n))
+				return -1;
+			found = p;
+			found_len = n;
+		}
+		line = end + 1;
+	}
+	if (!found)
 		return -1;
-	const char *p = out + idlen + 1;
-	size_t n = strcspn(p, " \n");
-	if (n == 0 || n >= len || p[n] != '\n' || p[n + 1] != '\0')
-		return -1;
-	memcpy(buf, p, n);
-	buf[n] = '\0';
+	memcpy(buf, found, found_len);
+	buf[found_len] = '\0';
 	return 0;
 }
 
