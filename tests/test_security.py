@@ -406,3 +406,17 @@ def test_refusals_never_tell_whether_a_path_the_user_cannot_search_exists(cluste
         assert "SECRET" not in answers[0]
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_heterogeneous_job_sandboxes_exactly_its_required_partitions_component(cluster, workdir):
+    """The shim reads each component's partition by its own job id among squeue's lines."""
+    host_release = os.uname().release
+    result = cluster.srun("-p", "ondemand", "-n1", "uname", "-r", ":", "-p", "secure", "-n1", "uname", "-r",
+                          cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    releases = result.stdout.split()
+    assert len(releases) == 2 and releases.count(host_release) == 1, result.stdout  # gVisor reports its own
+    escaped = cluster.srun("-p", "ondemand", "-n1", "true", ":", "-p", "secure", "-n1", "--no-sandbox", "uname", "-r",
+                           cwd=workdir)
+    assert escaped.returncode != 0 and host_release not in escaped.stdout
+    assert "requires sandboxing" in escaped.stderr
