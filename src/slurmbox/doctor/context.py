@@ -2,7 +2,6 @@
 
 import os
 import socket
-import subprocess
 from dataclasses import dataclass, field
 
 from slurmbox.settings import slurm_syntax
@@ -67,18 +66,11 @@ def run_tool(argv, env=None, timeout=20, input=None):
     re-owns the stdio it is given to the sandbox's user, which would turn an
     inherited /dev/null into nobody's file (see slurmbox.sandbox.stdio_relay).
     """
+    from slurmbox.slurm_client.commands import run_status
+
     full_env = {"PATH": TOOL_PATH, "LANG": "C.UTF-8"}
     full_env.update(env or {})
-    try:
-        result = subprocess.run(argv, capture_output=True, text=True, env=full_env, timeout=timeout,
-                                input="" if input is None else input)
-    except FileNotFoundError:
-        return 127, "%s: not installed" % argv[0]
-    except subprocess.TimeoutExpired:
-        return 124, "%s did not finish within %d s" % (" ".join(argv), timeout)
-    except OSError as err:
-        return 126, "%s: %s" % (argv[0], err)
-    return result.returncode, (result.stdout + result.stderr).strip()
+    return run_status(argv, env=full_env, timeout=timeout, input="" if input is None else input)
 
 
 def parse_gres_conf(text, node):

@@ -93,12 +93,8 @@ def _runsc_status(argv, timeout=20):
     """``(exit status, output)`` of a runsc command through sandbox.runsc.call; never raises."""
     try:
         proc = runsc.call(argv, timeout=timeout)
-    except FileNotFoundError:
-        return 127, "%s: not installed" % argv[0]
-    except subprocess.TimeoutExpired:
-        return 124, "%s did not finish within %d s" % (" ".join(argv), timeout)
-    except OSError as err:
-        return 126, "%s: %s" % (argv[0], err)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return 126, "%s: %s" % (" ".join(argv), err)
     return proc.returncode, (proc.stdout + proc.stderr).strip()
 
 

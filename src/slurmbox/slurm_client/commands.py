@@ -23,11 +23,11 @@ def run_command(argv, env=None, timeout=30):
     return proc.stdout
 
 
-def run_status(argv, env=None, timeout=20):
-    """Run a Slurm client command -> ``(exit status, stdout and stderr)``; never raises
-    (127: not installed, 124: timed out, 126: could not start). stdin is an empty pipe."""
+def run_status(argv, env=None, timeout=20, input=""):
+    """Run a command -> ``(exit status, stdout and stderr)``; never raises (127: not installed,
+    124: timed out, 126: could not start). stdin is a pipe holding ``input`` (str)."""
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout, input="")
+        proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout, input=input)
     except FileNotFoundError:
         return 127, "%s: not installed" % argv[0]
     except subprocess.TimeoutExpired:
