@@ -171,3 +171,31 @@ def test_the_opened_descriptor_tells_its_file_system_and_real_path(tmp_path):
         assert user_paths.pseudo_filesystem(sysfs) == "sysfs"
     finally:
         os.close(sysfs)
+
+
+def test_magic_links_and_other_users_processes_are_not_a_way_in(private_dir):
+    """/proc/PID/cwd of another user's process: the helper thread has no CAP_SYS_PTRACE and
+    opens without magic links, so the user gets what their own open would give."""
+    child = subprocess.Popen(["/usr/sbin/runuser", "-u", "sbxother", "--", "sleep", "60"], cwd=str(private_dir))
+    try:
+        import time
+        deadline = time.monotonic() + 10
+        sleeper = None
+        while sleeper is None and time.monotonic() < deadline:  # runuser forks sleep: find it
+            for pid in os.listdir("/proc"):
+                if pid.isdigit():
+                    try:
+                        with open("/proc/%s/cmdline" % pid, "rb") as handle:
+                            if handle.read() == b"sleep\x0060\x00" and os.stat("/proc/" + pid).st_uid == \
+                                    pwd.getpwnam("sbxother").pw_uid:
+                                sleeper = pid
+                    except OSError:
+                        pass
+        assert sleeper, "the sleeper did not start"
+        for path in ("/proc/%s/cwd" % sleeper, "/proc/%s/root" % sleeper, "/proc/self/cwd", "/proc/self/fd/0"):
+            with pytest.raises(user_paths.UserPathError):
+                user_paths.open_source(path, *_ids("sbxuser"), write=False)
+        assert user_paths.as_user(lambda: open("/proc/thread-self/status").read(), *_ids("sbxuser")).count("CapEff:\t0000000000000000") == 1
+    finally:
+        child.kill()
+        child.wait()

@@ -34,8 +34,14 @@ import platform
 import stat
 import threading
 
-#: setgroups(2) system call numbers (Linux asm-generic/unistd.h and arch/x86/entry/syscalls/syscall_64.tbl).
+#: setgroups(2) and capset(2) system call numbers (Linux asm-generic/unistd.h and
+#: arch/x86/entry/syscalls/syscall_64.tbl); openat2(2) is 437 on every architecture.
 _SYS_SETGROUPS = {"x86_64": 116, "aarch64": 159}
+_SYS_CAPSET = {"x86_64": 126, "aarch64": 91}
+_SYS_OPENAT2 = 437
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522  # linux/capability.h
+_RESOLVE_NO_MAGICLINKS = 0x02             # linux/openat2.h
+_AT_FDCWD = -100
 _CLONE_NEWNS = 0x00020000       # linux/sched.h
 _MS_BIND = 4096                 # linux/mount.h
 _MS_REC = 16384
@@ -70,13 +76,14 @@ def as_user(function, uid, gids):
             machine = platform.machine()
             if machine not in _SYS_SETGROUPS:
                 raise OSError(errno.ENOSYS, "no setgroups system call number for %s" % machine)
-            if _libc.syscall(_SYS_SETGROUPS[machine], len(gids), groups) != 0:
+            if _libc.syscall(ctypes.c_long(_SYS_SETGROUPS[machine]), ctypes.c_size_t(len(gids)), groups) != 0:
                 raise _errno_error("setgroups")
             _libc.setfsgid(gids[0])
             _libc.setfsuid(uid)
             # setfs[ug]id report no errors; reading the value back is how to check (setfsuid(2)).
             if _libc.setfsuid(-1) != uid or _libc.setfsgid(-1) != gids[0]:
                 raise OSError(errno.EPERM, "could not take the file-system identity of uid %d" % uid)
+            _drop_capabilities(machine)
             outcome["value"] = function()
         except BaseException as err:  # handed to the caller's thread
             outcome["error"] = err
@@ -87,6 +94,40 @@ def as_user(function, uid, gids):
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def _drop_capabilities(machine):
+    """Empty this thread's capability sets (capset(2) acts on the calling thread only).
+    setfsuid clears only the file capabilities; CAP_SYS_PTRACE would still let /proc/PID/cwd
+    of another user's process resolve (the red team's probe)."""
+    header = _CapHeader(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (_CapData * 2)()
+    if _libc.syscall(ctypes.c_long(_SYS_CAPSET[machine]), ctypes.byref(header), data) != 0:
+        raise _errno_error("capset")
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+def _open_no_magic_links(path, flags):
+    """openat2(2) of ``path`` with RESOLVE_NO_MAGICLINKS: /proc/PID/{fd/N,cwd,root,exe} would jump
+    to whatever that process holds, past every directory permission on the way. Raises OSError."""
+    how = _OpenHow(flags, 0, _RESOLVE_NO_MAGICLINKS)
+    fd = _libc.syscall(ctypes.c_long(_SYS_OPENAT2), ctypes.c_int(_AT_FDCWD), ctypes.c_char_p(os.fsencode(path)),
+                       ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)))
+    if fd < 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code), path)
+    return fd
 
 
 def write_allowed(info, uid, gids):
@@ -109,7 +150,7 @@ def open_source(path, uid, gids, write):
     """
     def opened():
         try:
-            probe = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            probe = _open_no_magic_links(path, os.O_PATH | os.O_CLOEXEC)
         except OSError as err:
             raise UserPathError("the job's user cannot open %s (%s)" % (path, err.strerror))
         try:

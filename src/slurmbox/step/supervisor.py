@@ -223,12 +223,15 @@ class Supervisor:
         return staged
 
     def _mount_point_problem(self, request, destination, source_is_dir, groups):
-        """bundle.mount_point_problem for this step's root: the node's root is looked at as the user
-        (root's answer would say what exists where the user cannot look); a staged image, whose
-        root the user cannot rename, as root without following any symlink."""
-        if request.image_bind:
+        """bundle.mount_point_problem for this step's root: the node's root (and a dry run's
+        unstaged image) is looked at as the user, since root's answer would say what exists where
+        the user cannot look; a staged image, whose root the user cannot rename, as root without
+        following any symlink."""
+        if request.image_bind and not request.dry_run:
             return bundle.mount_point_problem(request.image_bind, destination, source_is_dir)
-        return user_paths.as_user(lambda: bundle.mount_point_problem("/", destination, source_is_dir),
+        # A dry run stages nothing: its image is still the user's path, which the user can swap.
+        root = request.image_bind or "/"
+        return user_paths.as_user(lambda: bundle.mount_point_problem(root, destination, source_is_dir),
                                   self.args.uid, self._user_gids(groups))
 
     def _workdir_problem(self, workdir, request, task_cwd, groups):
