@@ -402,7 +402,7 @@ class Supervisor:
             return
         process = bundle.process_spec(argv, env, cwd, self.args.uid, self.args.gid, groups,
                                       message.get("tty"), bundle.process_rlimits(peer_pid))
-        bind_dirs = [self._stage_cwd(task_cwd, groups, request.dry_run)] if task_cwd != "/" else []
+        bind_dirs = [self._stage_cwd(task_cwd, groups, request.dry_run, request)] if task_cwd != "/" else []
         extra_mounts = list(topo_mounts)
         if self.args.step == "batch" and not request.dry_run:
             batch_mounts, prefix = self._batch_step_access(prefix, process, request, groups, fds, task_cwd)
@@ -499,7 +499,7 @@ class Supervisor:
         except OSError:
             raise StepFailure("cannot read the task's working directory")
 
-    def _stage_cwd(self, task_cwd, groups, dry_run):
+    def _stage_cwd(self, task_cwd, groups, dry_run, request):
         """The task's working directory as an options.Mount at its own path, its source opened
         as the user and bound into the staging directory (read-only when the user cannot write it)."""
         try:
@@ -508,6 +508,10 @@ class Supervisor:
             raise StepFailure("cannot use the working directory: %s" % err)
         try:
             problem = self._opened_source_problem(fd, None)
+            if not problem and not request.image:
+                # The bind lands at the directory's own path: runsc's gofer would re-create it on the
+                # node, as root, if it was removed meanwhile (e.g. before a requeued job restarts).
+                problem = self._mount_point_problem(request, task_cwd, True, groups)
             if problem:
                 raise StepFailure("cannot use the working directory %s: %s" % (task_cwd, problem))
             if not stat.S_ISDIR(info.st_mode):
